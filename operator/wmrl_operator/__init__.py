@@ -1,0 +1,1 @@
+"""The wmrl operator: kopf handlers around pure ``spec -> Kubernetes objects`` builders."""

@@ -1,0 +1,1 @@
+"""The sandbox execution server (SandboxFusion-compatible ``/run_code``) and its client."""

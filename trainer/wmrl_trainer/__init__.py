@@ -1,0 +1,1 @@
+"""The WMRL trainer: GRPO (TRL) with world-model rewards, real anchors and shared calibration."""

@@ -1,0 +1,312 @@
+"""The WMRLRun API (group ``wmrl.dev``, version ``v1alpha1``): the single source of truth.
+
+The CRD YAML (``wmrl crd``), the copies under ``manifests/`` and ``helm/`` and the
+reference in ``docs/api.md`` are all generated from these models. Python attributes are
+snake_case; the wire format (Kubernetes objects, rendered trainer config) is camelCase.
+
+Defaults are the paper's (see ``docs/method.md``). Cross-field rules that a structural
+schema cannot express live in ``model_validator``s here and are mirrored as CEL rules in
+the CRD, so ``kubectl apply`` and the operator reject the same specs with the same field
+names.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "wmrl.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "WMRLRun"
+PLURAL = "wmrlruns"
+SINGULAR = "wmrlrun"
+SHORT_NAMES = ("wmr",)
+
+Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")]
+"""A Kubernetes resource quantity such as ``500m``, ``2`` or ``16Gi``."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase JSON form used in Kubernetes objects and rendered configs."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Mode(str, Enum):
+    """How rollouts are graded. One field switches between the method and its baselines."""
+
+    WMRL = "wmrl"  # world model for every rollout, real execution for anchor groups, corrections on
+    REAL = "real"  # every rollout executed for real: the GRPO baseline
+    WORLD_MODEL = "worldModel"  # world model only: no anchors, no correction
+
+
+class Resources(_Model):
+    """Container resource requests and limits (``cpu``, ``memory``, ``nvidia.com/gpu``, ...)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class RolloutSampling(_Model):
+    temperature: float = Field(1.0, gt=0, le=5)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(2048, ge=1, le=131072)
+
+
+class PolicySpec(_Model):
+    """The policy being trained and how its rollouts are generated."""
+
+    model: str = Field(..., min_length=1, description="Hugging Face model id, local path, or 'builtin:tiny-coder' (CPU demo).")
+    rollout_engine: Literal["vllm", "transformers"] = Field("vllm", description="vLLM on GPUs; transformers on CPU.")
+    vllm_mode: Literal["colocate", "server"] = Field("colocate", description="TRL's vLLM mode: share the training GPUs, or a separate server.")
+    sampling: RolloutSampling = Field(default_factory=RolloutSampling)
+
+
+class WorldModelSampling(_Model):
+    temperature: float = Field(0.7, gt=0, le=5)
+    top_p: float = Field(0.8, gt=0, le=1)
+    top_k: int = Field(20, ge=-1)
+    max_tokens: int = Field(1024, ge=1, le=131072)
+    predictions: int = Field(2, ge=1, le=8, description="Top-k outcome predictions per call (paper: 2).")
+
+
+class WorldModelSpec(_Model):
+    """The model that predicts execution outcomes."""
+
+    backend: Literal["llm", "transformers", "learned"] = Field(
+        "llm", description="llm: an OpenAI-compatible server (vLLM); transformers: in-process (CPU); learned: an online surrogate."
+    )
+    model: Optional[str] = Field(None, description="Model id or path; empty means the policy's base model (as in the paper).")
+    endpoint: Optional[str] = Field(None, description="An existing OpenAI-compatible base URL; if empty and backend is llm, the operator deploys vLLM.")
+    image: str = Field("vllm/vllm-openai:v0.33.0", min_length=1)
+    replicas: int = Field(1, ge=0, le=64, description="vLLM engines (one per GPU).")
+    gpus_per_replica: int = Field(1, ge=0, le=8)
+    resources: Resources = Field(default_factory=Resources)
+    sampling: WorldModelSampling = Field(default_factory=WorldModelSampling)
+    timeout_seconds: float = Field(60.0, gt=0, le=3600)
+
+
+class TasksSpec(_Model):
+    """Where the task suite comes from. Exactly one source."""
+
+    builtin: Optional[str] = Field(None, description="A bundled suite, e.g. 'mini-ml'.")
+    path: Optional[str] = Field(None, description="A directory of task folders inside the trainer image or volume.")
+    pvc: Optional[str] = Field(None, description="A PersistentVolumeClaim holding task folders (mounted read-only at /tasks).")
+    config_map: Optional[str] = Field(None, description="A ConfigMap holding one small task (keys are file paths with '/' as '__').")
+    held_out: list[str] = Field(default_factory=list, description="Task names never trained on, used for evaluation.")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> "TasksSpec":
+        given = [n for n in ("builtin", "path", "pvc", "config_map") if getattr(self, n)]
+        if len(given) != 1:
+            raise ValueError(f"spec.tasks: set exactly one of builtin, path, pvc, configMap (got {len(given)})")
+        return self
+
+
+class AnchorsSpec(_Model):
+    """Groups graded by BOTH the world model and real execution."""
+
+    fraction: float = Field(0.25, ge=0, le=1, description="Fraction of groups per step (paper 4B/9B: 2 of 8).")
+    min_per_step: int = Field(1, ge=0, description="Floor of anchor groups per step.")
+    max_concurrent: int = Field(16, ge=1, description="Cap on concurrent real executions.")
+
+
+class DebiasingSpec(_Model):
+    """Online Debiasing: monotone isotonic recalibration of world-model rewards."""
+
+    enabled: bool = True
+    bins: int = Field(10, ge=2, le=1000)
+    min_pairs: int = Field(200, ge=1)
+    refit_every: int = Field(64, ge=1)
+    buffer_size: int = Field(5000, ge=1, le=20000)
+
+
+class DenoisingSpec(_Model):
+    """Inverse-Variance Denoising: anchor advantages up-weighted by measured disagreement."""
+
+    enabled: bool = True
+    target_weight: float = Field(2.0, ge=1)
+    max_weight: float = Field(4.0, ge=1)
+    half_life: float = Field(64, gt=0, description="Half-life in groups of the disagreement average.")
+    warmup: int = Field(32, ge=1, description="Observations before the scale constant is frozen.")
+
+    @model_validator(mode="after")
+    def _target_within_max(self) -> "DenoisingSpec":
+        if self.target_weight > self.max_weight:
+            raise ValueError("spec.algorithm.denoising.targetWeight must be <= maxWeight")
+        return self
+
+
+class AlgorithmSpec(_Model):
+    """GRPO and the two WMRL corrections. Defaults are the paper's."""
+
+    group_size: int = Field(8, ge=2, le=1024)
+    groups_per_step: int = Field(8, ge=1, le=4096)
+    steps: int = Field(3200, ge=1)
+    learning_rate: float = Field(1e-6, gt=0, le=1)
+    kl_beta: float = Field(0.04, ge=0)
+    entropy_coef: float = Field(0.002, ge=0)
+    max_turns: int = Field(4, ge=1, le=16)
+    seed: int = Field(0, ge=0)
+    anchors: AnchorsSpec = Field(default_factory=AnchorsSpec)
+    debiasing: DebiasingSpec = Field(default_factory=DebiasingSpec)
+    denoising: DenoisingSpec = Field(default_factory=DenoisingSpec)
+
+
+class Toleration(_Model):
+    key: Optional[str] = None
+    operator: Optional[Literal["Exists", "Equal"]] = None
+    value: Optional[str] = None
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+    toleration_seconds: Optional[int] = None
+
+
+class CheckpointSpec(_Model):
+    claim_name: Optional[str] = Field(None, description="PersistentVolumeClaim for checkpoints; empty uses an emptyDir (lost with the pod).")
+    path: str = Field("/checkpoints", pattern=r"^/")
+    interval_steps: int = Field(50, ge=1)
+
+
+class TrainerSpec(_Model):
+    image: str = Field("ghcr.io/wmrl/trainer:0.1.0", min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    gpus_per_node: int = Field(8, ge=0, le=16)
+    nodes: int = Field(1, ge=1, le=1024)
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+
+
+class SandboxSpec(_Model):
+    image: str = Field("ghcr.io/wmrl/sandbox:0.1.0", min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    min_replicas: int = Field(1, ge=0, le=10000)
+    max_replicas: int = Field(8, ge=0, le=10000)
+    slots_per_pod: int = Field(1, ge=1, le=64)
+    resources: Resources = Field(default_factory=Resources)
+    timeout_seconds: int = Field(600, ge=1, le=86400, description="Wall-clock cap per execution (paper: 600 s).")
+    runtime_class_name: Optional[str] = Field(None, description="e.g. gvisor or kata for a stronger sandbox.")
+    scale_down_stabilization_seconds: int = Field(120, ge=0, le=86400)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "SandboxSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("spec.sandbox.minReplicas must be <= spec.sandbox.maxReplicas")
+        return self
+
+
+class CalibrationSpec(_Model):
+    name: Optional[str] = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=50,
+        description="Share one calibration across runs by name; empty gives the run its own.",
+    )
+    image: Optional[str] = Field(None, description="Defaults to the operator's image.")
+
+
+class FailurePolicySpec(_Model):
+    max_restarts: int = Field(3, ge=0, le=1000, description="Trainer recreations (resuming from checkpoint) before the run fails.")
+
+
+class WMRLRunSpec(_Model):
+    mode: Mode = Mode.WMRL
+    suspend: bool = False
+    policy: PolicySpec
+    world_model: WorldModelSpec = Field(default_factory=WorldModelSpec)
+    tasks: TasksSpec
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
+    active_deadline_seconds: Optional[int] = Field(None, ge=1)
+    ttl_seconds_after_finished: Optional[int] = Field(None, ge=0)
+
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: Optional[str] = None
+    observed_generation: Optional[int] = None
+
+
+class Progress(_Model):
+    """Patched by the trainer each step; the operator never writes it."""
+
+    step: int = 0
+    total_steps: Optional[int] = None
+    mean_real_reward: Optional[float] = None
+    mean_world_model_reward: Optional[float] = None
+    mean_calibrated_reward: Optional[float] = None
+    held_out_reward: Optional[float] = None
+    anchor_fraction: Optional[float] = None
+    bias_reduction: Optional[float] = None
+    anchor_weight: Optional[float] = None
+    executions: int = 0
+    sandbox_seconds: float = 0.0
+    ungraded: int = 0
+    sandbox_demand: int = Field(0, description="Executions queued + in flight at the trainer: the autoscaler's input.")
+    calibration_stale_seconds: Optional[float] = None
+    updated_at: Optional[str] = None
+
+
+class CalibrationStatus(_Model):
+    name: str
+    pairs: int = 0
+    reduction: Optional[float] = None
+    weight: Optional[float] = None
+
+
+class SandboxStatus(_Model):
+    replicas: int = 0
+    ready_replicas: int = 0
+    desired_replicas: int = 0
+    last_scale_time: Optional[str] = None
+
+
+class WMRLRunStatus(_Model):
+    phase: Phase = Phase.PENDING
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: Optional[int] = None
+    restarts: int = 0
+    start_time: Optional[str] = None
+    completion_time: Optional[str] = None
+    progress: Optional[Progress] = None
+    calibration: Optional[CalibrationStatus] = None
+    sandbox: Optional[SandboxStatus] = None
+
+
+def parse_spec(spec: dict[str, Any]) -> WMRLRunSpec:
+    """Validate a camelCase spec dict; raises ``pydantic.ValidationError`` naming the field."""
+    return WMRLRunSpec.model_validate(spec)
+
+
+def field_errors(exc: Exception) -> list[str]:
+    """Human-readable ``spec.<path>: <message>`` lines from a pydantic ValidationError."""
+    errors = getattr(exc, "errors", None)
+    if errors is None:
+        return [str(exc)]
+    lines = []
+    for err in errors():
+        path = ".".join(str(p) for p in err.get("loc", ()))
+        message = err.get("msg", "invalid")
+        lines.append(f"spec.{path}: {message}" if path else message)
+    return lines
