@@ -15,7 +15,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "wmrl.dev"
@@ -26,8 +26,20 @@ PLURAL = "wmrlruns"
 SINGULAR = "wmrlrun"
 SHORT_NAMES = ("wmr",)
 
-Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")]
-"""A Kubernetes resource quantity such as ``500m``, ``2`` or ``16Gi``."""
+def _number_as_quantity(value: Any) -> Any:
+    """YAML ``cpu: 2`` arrives as an int; Kubernetes quantities accept it, so do we."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+Quantity = Annotated[
+    str,
+    StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"),
+    BeforeValidator(_number_as_quantity),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+"""A Kubernetes resource quantity such as ``500m``, ``2`` or ``16Gi`` (int-or-string on the wire)."""
 
 
 class _Model(BaseModel):
@@ -95,10 +107,10 @@ class WorldModelSpec(_Model):
 class TasksSpec(_Model):
     """Where the task suite comes from. Exactly one source."""
 
-    builtin: Optional[str] = Field(None, description="A bundled suite, e.g. 'mini-ml'.")
-    path: Optional[str] = Field(None, description="A directory of task folders inside the trainer image or volume.")
-    pvc: Optional[str] = Field(None, description="A PersistentVolumeClaim holding task folders (mounted read-only at /tasks).")
-    config_map: Optional[str] = Field(None, description="A ConfigMap holding one small task (keys are file paths with '/' as '__').")
+    builtin: Optional[str] = Field(None, min_length=1, description="A bundled suite, e.g. 'mini-ml'.")
+    path: Optional[str] = Field(None, min_length=1, description="A directory of task folders inside the trainer image or volume.")
+    pvc: Optional[str] = Field(None, min_length=1, description="A PersistentVolumeClaim holding task folders (mounted read-only at /tasks).")
+    config_map: Optional[str] = Field(None, min_length=1, description="A ConfigMap holding one small task (keys are file paths with '/' as '__').")
     held_out: list[str] = Field(default_factory=list, description="Task names never trained on, used for evaluation.")
 
     @model_validator(mode="after")
@@ -205,7 +217,7 @@ class SandboxSpec(_Model):
 class CalibrationSpec(_Model):
     name: Optional[str] = Field(
         None,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
         max_length=50,
         description="Share one calibration across runs by name; empty gives the run its own.",
     )
