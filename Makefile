@@ -1,0 +1,75 @@
+# wmrl developer entry points. `make test` is the one command CI runs (.ci/run).
+#
+#   make quickstart   local CPU demo run (no cluster, no GPU)
+#   make test         every test, against a real control plane built from source
+#   make generate     regenerate CRD copies, install.yaml and docs/api.md from the schema
+#   make lint         generated files up to date, helm lint, shell syntax, byte-compile
+#   make images       docker build of the operator, trainer and sandbox images
+#   make kind-e2e     kind cluster + images + chart + the operator e2e suite (needs Docker)
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The venv is reinstalled only when pyproject.toml changes: its hash is the stamp.
+STAMP := $(VENV)/.pyproject.sha256
+PYTEST_ARGS ?=
+
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+REGISTRY ?= ghcr.io/wmrl
+OPERATOR_IMAGE ?= $(REGISTRY)/operator:$(VERSION)
+TRAINER_IMAGE ?= $(REGISTRY)/trainer:$(VERSION)
+SANDBOX_IMAGE ?= $(REGISTRY)/sandbox:$(VERSION)
+DOCKER ?= docker
+
+.PHONY: help venv cluster test quickstart generate crds lint images kind-e2e
+
+help:
+	@sed -n 's/^#   make /make /p' Makefile
+
+venv:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@want=$$(sha256sum pyproject.toml | cut -d' ' -f1); \
+	if [[ "$$(cat $(STAMP) 2>/dev/null)" != "$$want" ]]; then \
+	  echo "venv: installing .[train,dev] (pyproject.toml changed)"; \
+	  $(PY) -m pip install --quiet -e ".[train,dev]"; \
+	  echo "$$want" > $(STAMP); \
+	fi
+
+# Control-plane binaries (etcd, kube-*, kubectl, kwok, helm), built from source
+# and cached by version under $${WMRL_CACHE:-~/.cache/wmrl}; a no-op when cached.
+cluster:
+	@tests/cluster/build
+
+# The session fixture (tests/conftest.py) starts and stops the control plane.
+# pytest's exit status is make's; exit 5 (no tests collected) counts as failure.
+test: venv cluster
+	@rc=0; $(PY) -m pytest -q $(PYTEST_ARGS) tests || rc=$$?; \
+	if [[ $$rc -eq 5 ]]; then echo "make test: pytest collected no tests"; rc=1; fi; \
+	if [[ $$rc -eq 0 ]]; then echo "make test: PASSED"; else echo "make test: FAILED (exit $$rc)"; fi; \
+	exit $$rc
+
+quickstart: venv
+	$(VENV)/bin/wmrl run examples/quickstart.yaml
+
+generate crds: venv
+	$(PY) -m wmrl.api.generate
+
+lint: venv cluster
+	$(PY) -m wmrl.api.generate --check
+	$$($(PYTHON) tests/cluster/cluster.py binary helm) lint --strict helm/wmrl-operator
+	for f in .ci/run scripts/* tests/cluster/build tests/cluster/up tests/cluster/down; do \
+	  if head -1 "$$f" | grep -q bash; then bash -n "$$f"; fi; done
+	$(PY) -m compileall -q wmrl operator trainer sandbox-image tests
+
+images:
+	$(DOCKER) build -t $(OPERATOR_IMAGE) -f operator/Dockerfile .
+	$(DOCKER) build -t $(TRAINER_IMAGE) -f trainer/Dockerfile .
+	$(DOCKER) build -t $(SANDBOX_IMAGE) -f sandbox-image/Dockerfile .
+
+kind-e2e: venv cluster
+	OPERATOR_IMAGE=$(OPERATOR_IMAGE) TRAINER_IMAGE=$(TRAINER_IMAGE) SANDBOX_IMAGE=$(SANDBOX_IMAGE) \
+	  PYTHON=$(PY) scripts/kind-e2e
