@@ -1,0 +1,250 @@
+"""Online Debiasing: a monotone map from world-model reward to expected real reward.
+
+Anchor groups are graded twice, by the world model (``wm``) and by real execution
+(``env``); every rollout of such a group gives one ``(wm, env)`` pair. We keep the
+most recent pairs in a FIFO buffer and fit a *monotone* map on them by bucketed
+isotonic regression:
+
+1. split ``[0, 1]`` into ``bins`` equal-width bins (the last one closed);
+2. for each populated bin take the mean world-model reward ``x_b``, the mean real
+   reward ``y_b`` and the count ``n_b``;
+3. pool adjacent violators over ``y_b`` weighted by ``n_b`` until non-decreasing;
+4. apply with linear interpolation between the points ``(x_b, fitted y_b)``,
+   constant beyond the first and last point.
+
+Why monotone and non-affine: GRPO standardises rewards inside a group, which
+cancels any affine correction, while a monotone map never swaps two rollouts of
+one group. The map is the identity until ``min_pairs`` pairs have arrived, and is
+refitted at the first group boundary after ``refit_every`` new pairs.
+
+The diagnostic is the within-group centred squared residual,
+``mean_i ((x_i - mean_g x) - (y_i - mean_g y))^2`` with means taken inside each
+group, before (``x`` raw) and after (``x`` calibrated) the map; GRPO only sees
+within-group differences, so that is the bias that matters to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+__all__ = [
+    "CalibrationMap",
+    "OnlineDebiaser",
+    "apply_map",
+    "bias_diagnostic",
+    "check_rewards",
+    "fit_bucketed_isotonic",
+    "pool_adjacent_violators",
+]
+
+
+def check_rewards(values: Any, name: str, *, allow_nan: bool = False) -> np.ndarray:
+    """``values`` as a float array, or ``ValueError`` naming ``name`` and the first bad entry.
+
+    Rewards live in [0, 1] (the reward ladder). Infinities and values outside the
+    range are always errors; NaN is an error unless ``allow_nan`` (NaN = ungraded).
+    """
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: rewards must be numbers ({exc})") from None
+    bad = np.isinf(arr) | (arr < 0.0) | (arr > 1.0)
+    if not allow_nan:
+        bad |= np.isnan(arr)
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        where = index[0] if len(index) == 1 else list(index)
+        raise ValueError(
+            f"{name}[{where}] = {arr[index]!r}: rewards must be finite numbers in [0, 1]"
+            + ("" if allow_nan else " (NaN is not allowed here)")
+        )
+    return arr
+
+
+def pool_adjacent_violators(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit of ``values`` (one pass, a stack of blocks)."""
+    means: list[float] = []
+    totals: list[float] = []
+    lengths: list[int] = []
+    for value, weight in zip(values.tolist(), weights.tolist()):
+        means.append(value)
+        totals.append(weight)
+        lengths.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            m2, w2, n2 = means.pop(), totals.pop(), lengths.pop()
+            w1 = totals[-1]
+            merged = w1 + w2
+            means[-1] = (means[-1] * w1 + m2 * w2) / merged
+            totals[-1] = merged
+            lengths[-1] += n2
+    return np.repeat(np.asarray(means, dtype=float), lengths)
+
+
+@dataclass(frozen=True)
+class CalibrationMap:
+    """Breakpoints of a fitted map: strictly increasing ``x``, non-decreasing ``y``."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def to_json(self) -> dict[str, list[float]]:
+        return {"x": self.x.tolist(), "y": self.y.tolist()}
+
+    @classmethod
+    def from_json(cls, data: Optional[dict]) -> Optional["CalibrationMap"]:
+        if data is None:
+            return None
+        x = np.asarray(data["x"], dtype=float)
+        y = np.asarray(data["y"], dtype=float)
+        if x.ndim != 1 or x.shape != y.shape or len(x) < 2:
+            raise ValueError("map: x and y must be equal-length lists of at least 2 numbers")
+        if np.any(np.diff(x) <= 0) or np.any(np.diff(y) < 0):
+            raise ValueError("map: x must be strictly increasing and y non-decreasing")
+        return cls(x, y)
+
+
+def bin_statistics(wm: np.ndarray, env: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean ``wm``, mean ``env`` and count of every populated equal-width bin on [0, 1]."""
+    inner_edges = np.linspace(0.0, 1.0, bins + 1)[1:-1]
+    index = np.searchsorted(inner_edges, wm, side="right")
+    counts = np.bincount(index, minlength=bins).astype(float)
+    sum_x = np.bincount(index, weights=wm, minlength=bins)
+    sum_y = np.bincount(index, weights=env, minlength=bins)
+    populated = counts > 0
+    n = counts[populated]
+    return sum_x[populated] / n, sum_y[populated] / n, n
+
+
+def fit_bucketed_isotonic(wm: np.ndarray, env: np.ndarray, bins: int = 10) -> Optional[CalibrationMap]:
+    """Fit the bucketed isotonic map on pairs; ``None`` when fewer than two bins are populated."""
+    if len(wm) == 0:
+        return None
+    x, y, n = bin_statistics(np.asarray(wm, float), np.asarray(env, float), int(bins))
+    if len(x) < 2:
+        return None
+    return CalibrationMap(x, pool_adjacent_violators(y, n))
+
+
+def apply_map(calibration: Optional[CalibrationMap], values: Any) -> np.ndarray:
+    """Calibrate rewards (NaN = ungraded passes through); ``None`` is the identity."""
+    arr = check_rewards(values, "values", allow_nan=True)
+    if calibration is None:
+        return arr.copy()
+    return np.interp(arr, calibration.x, calibration.y)
+
+
+def _centred(values: np.ndarray, group_ids: np.ndarray, n_groups: int) -> np.ndarray:
+    sizes = np.bincount(group_ids, minlength=n_groups)
+    means = np.bincount(group_ids, weights=values, minlength=n_groups) / np.maximum(sizes, 1)
+    return values - means[group_ids]
+
+
+def bias_diagnostic(
+    wm: np.ndarray, env: np.ndarray, group_sizes: Sequence[int], calibration: Optional[CalibrationMap]
+) -> tuple[float, float, float]:
+    """``(before, after, reduction)``: within-group centred squared residual, raw vs calibrated.
+
+    ``group_sizes`` split the (ordered) pairs into their groups. ``reduction = 1 -
+    after / before`` (0 when ``before`` is 0: nothing to remove).
+    """
+    wm = np.asarray(wm, float)
+    env = np.asarray(env, float)
+    if len(wm) == 0:
+        return 0.0, 0.0, 0.0
+    sizes = np.asarray(group_sizes, dtype=np.int64)
+    ids = np.repeat(np.arange(len(sizes)), sizes)
+    target = _centred(env, ids, len(sizes))
+    before = float(np.mean((_centred(wm, ids, len(sizes)) - target) ** 2))
+    calibrated = wm if calibration is None else np.interp(wm, calibration.x, calibration.y)
+    after = float(np.mean((_centred(calibrated, ids, len(sizes)) - target) ** 2))
+    reduction = 1.0 - after / before if before > 0 else 0.0
+    return before, after, reduction
+
+
+class OnlineDebiaser:
+    """FIFO pair buffer plus the fitted map; fold anchor groups in with :meth:`observe_group`.
+
+    Pairs are kept per group (``group_sizes``; after eviction the oldest group may be
+    partial) so that the diagnostic can centre within groups.
+    """
+
+    def __init__(self, bins: int = 10, min_pairs: int = 200, refit_every: int = 64, buffer_size: int = 5000):
+        if bins < 2 or min_pairs < 1 or refit_every < 1 or buffer_size < 1:
+            raise ValueError("need bins >= 2, min_pairs >= 1, refit_every >= 1, buffer_size >= 1")
+        self.bins, self.min_pairs, self.refit_every, self.buffer_size = bins, min_pairs, refit_every, buffer_size
+        self.wm = np.zeros(0)
+        self.env = np.zeros(0)
+        self.group_sizes: list[int] = []
+        self.since_fit = 0
+        self.fits = 0
+        self.map: Optional[CalibrationMap] = None
+        self.bias: Optional[tuple[float, float, float]] = None
+
+    def __len__(self) -> int:
+        return len(self.wm)
+
+    def observe_group(self, wm: Any, env: Any) -> int:
+        """Add one group's pairs (validated, FIFO-evicting); refit if due. Returns pairs evicted."""
+        wm = check_rewards(wm, "wm").reshape(-1)
+        env = check_rewards(env, "env").reshape(-1)
+        if len(wm) != len(env) or len(wm) == 0:
+            raise ValueError(f"wm and env must be non-empty and of equal length (got {len(wm)} and {len(env)})")
+        self.wm = np.concatenate([self.wm, wm])
+        self.env = np.concatenate([self.env, env])
+        self.group_sizes.append(len(wm))
+        evicted = max(0, len(self.wm) - self.buffer_size)
+        if evicted:
+            self.wm, self.env = self.wm[evicted:], self.env[evicted:]
+            drop = evicted
+            while drop:
+                if self.group_sizes[0] <= drop:
+                    drop -= self.group_sizes.pop(0)
+                else:
+                    self.group_sizes[0] -= drop
+                    drop = 0
+        self.since_fit += len(wm)
+        if len(self.wm) >= self.min_pairs and self.since_fit >= self.refit_every:
+            self.refit()
+        return evicted
+
+    def refit(self) -> bool:
+        """Fit the map on the buffer now; ``False`` (map kept) when under two bins are populated."""
+        fitted = fit_bucketed_isotonic(self.wm, self.env, self.bins)
+        if fitted is None:
+            return False
+        self.map = fitted
+        self.since_fit = 0
+        self.fits += 1
+        self.bias = bias_diagnostic(self.wm, self.env, self.group_sizes, fitted)
+        return True
+
+    def calibrate(self, values: Any) -> np.ndarray:
+        return apply_map(self.map, values)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Compact JSON-ready state; rewards are stored exactly as given (see calibration.state)."""
+        return {
+            "wm": self.wm.tolist(),
+            "env": self.env.tolist(),
+            "groupSizes": list(self.group_sizes),
+            "sinceFit": self.since_fit,
+            "fits": self.fits,
+            "map": None if self.map is None else self.map.to_json(),
+            "bias": None if self.bias is None else dict(zip(("before", "after", "reduction"), self.bias)),
+        }
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        wm = check_rewards(data["wm"], "wm").reshape(-1)
+        env = check_rewards(data["env"], "env").reshape(-1)
+        sizes = [int(s) for s in data["groupSizes"]]
+        if len(wm) != len(env) or sum(sizes) != len(wm) or any(s < 1 for s in sizes):
+            raise ValueError("buffer: wm, env and groupSizes disagree")
+        bias = data.get("bias")
+        self.wm, self.env, self.group_sizes = wm, env, sizes
+        self.since_fit = int(data["sinceFit"])
+        self.fits = int(data["fits"])
+        self.map = CalibrationMap.from_json(data.get("map"))
+        self.bias = None if bias is None else (float(bias["before"]), float(bias["after"]), float(bias["reduction"]))
