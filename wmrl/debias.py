@@ -56,7 +56,7 @@ def check_rewards(values: Any, name: str, *, allow_nan: bool = False) -> np.ndar
         bad |= np.isnan(arr)
     if bad.any():
         index = tuple(int(i) for i in np.argwhere(bad)[0])
-        where = index[0] if len(index) == 1 else list(index)
+        where = ", ".join(map(str, index))
         raise ValueError(
             f"{name}[{where}] = {arr[index]!r}: rewards must be finite numbers in [0, 1]"
             + ("" if allow_nan else " (NaN is not allowed here)")
