@@ -58,7 +58,7 @@ def check_rewards(values: Any, name: str, *, allow_nan: bool = False) -> np.ndar
         index = tuple(int(i) for i in np.argwhere(bad)[0])
         where = ", ".join(map(str, index))
         raise ValueError(
-            f"{name}[{where}] = {arr[index]!r}: rewards must be finite numbers in [0, 1]"
+            f"{name}[{where}] = {float(arr[index])!r}: rewards must be finite numbers in [0, 1]"
             + ("" if allow_nan else " (NaN is not allowed here)")
         )
     return arr

@@ -1,0 +1,171 @@
+"""The HTTP service as a real process (file store), the client against it, kill -9 and restart."""
+
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from wmrl.calibration.client import CalibrationClient, LocalCalibration
+from wmrl.calibration.store import FileStore
+
+
+def group(rng, size=8):
+    real = rng.random(size).round(3)
+    return {"task": "t", "wm": np.sqrt(real).round(6).tolist(), "env": real.tolist()}
+
+
+def post(url, body, **kw):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(url + "/v1/observations", content=content, headers={"Content-Type": "application/json"}, **kw)
+
+
+GOOD = {"wm": [0.2, 0.4], "env": [0.1, 0.5]}
+BAD_BODIES = [
+    (b'{"trainer": "t", "batch": "b", "groups": [{"wm": [NaN, 0.1], "env": [0.1, 0.2]}]}', "NaN"),
+    (b'{"trainer": "t", "batch": "b", "groups": [{"wm": [Infinity], "env": [0.1]}]}', "Infinity"),
+    ({"trainer": "t", "batch": "b", "groups": [{"wm": [1.2, 0.1], "env": [0.1, 0.2]}]}, r"groups[0].wm[0] = 1.2"),
+    ({"trainer": "t", "batch": "b", "groups": [{"wm": [0.2], "env": [-0.1]}]}, "groups[0].env[0]"),
+    ({"trainer": "t", "batch": "b", "groups": [{"wm": [0.2, 0.3], "env": [0.1]}]}, "lengths differ"),
+    ({"trainer": "t", "batch": "b", "groups": []}, "groups must be a non-empty list"),
+    ({"trainer": "t", "batch": "b", "groups": [GOOD, {"wm": [], "env": []}]}, "groups[1].wm must be a non-empty list"),
+    ({"trainer": "t", "batch": "b", "groups": [{"wm": "0.2", "env": [0.1]}]}, "groups[0].wm must be a non-empty list"),
+    ({"trainer": "t", "batch": "b", "groups": [{"wm": ["0.2"], "env": [0.1]}]}, "groups[0].wm[0] must be a number, got str"),
+    ({"trainer": "t", "batch": "b", "groups": [{"wm": [True], "env": [0.1]}]}, "must be a number, got bool"),
+    ({"trainer": 7, "batch": "b", "groups": [GOOD]}, "trainer must be a non-empty string"),
+    ({"trainer": "t", "groups": [GOOD]}, "batch must be a non-empty string"),
+    ({"trainer": "t", "batch": "b", "groups": [GOOD], "extra": 1}, "unknown field(s) ['extra']"),
+    ({"trainer": "t", "batch": "b", "groups": {"wm": [0.1]}}, "groups must be a non-empty list"),
+    (b"[1, 2", "invalid JSON"),
+]
+
+
+@pytest.fixture
+def file_server(servers, tmp_path):
+    return servers("--state-file", str(tmp_path / "state.json"), "--max-body-bytes", "65536").start()
+
+
+def test_bad_input_gets_400_or_413_naming_the_problem_and_leaves_state_untouched(file_server):
+    url = file_server.url
+    assert post(url, {"trainer": "t", "batch": "first", "groups": [GOOD]}).status_code == 200
+    before = httpx.get(url + "/v1/calibration").json()
+    for body, message in BAD_BODIES:
+        response = post(url, body)
+        assert response.status_code == 400, (body, response.text)
+        assert message in response.json()["error"]
+    big = {"trainer": "t", "batch": "big", "groups": [{"wm": [0.5] * 2000, "env": [0.5] * 2000}] * 10}
+    response = post(url, big)
+    assert response.status_code == 413 and "65536" in response.json()["error"]
+    assert httpx.get(url + "/v1/calibration").json() == before
+    metrics = httpx.get(url + "/metrics").text
+    assert f"wmrl_calibration_bad_requests_total {len(BAD_BODIES) + 1}.0" in metrics
+
+
+def test_a_retried_batch_is_counted_once(file_server):
+    rng = np.random.default_rng(0)
+    body = {"trainer": "t", "batch": "b-1", "groups": [group(rng) for _ in range(4)]}
+    first, again = post(file_server.url, body).json(), post(file_server.url, body).json()
+    assert first["applied"] is True and again["applied"] is False
+    assert again["pairsSeen"] == 32 and again["version"] == 1
+    health = httpx.get(file_server.url + "/healthz").json()
+    assert health["ok"] and health["version"] == 1
+
+
+def test_client_batches_keeps_its_map_while_the_service_is_away_and_never_double_counts(servers, tmp_path):
+    server = servers("--state-file", str(tmp_path / "state.json"), "--min-pairs", "64", "--refit-every", "16")
+    client = CalibrationClient(server.url, "trainer-a", flush_interval=0.05, refresh_interval=0.2,
+                               backoff_initial=0.02, backoff_max=0.2)
+    rng = np.random.default_rng(1)
+    try:
+        client.observe([group(rng) for _ in range(5)])  # the service is not up yet
+        time.sleep(0.3)
+        assert client.stale_seconds is None and client.weight == 1.0 and client.last_error
+        np.testing.assert_array_equal(client.calibrate([0.3]), [0.3])  # identity until a map arrives
+        server.start()
+        assert client.flush(30)
+        for _ in range(20):
+            client.observe([group(rng) for _ in range(5)])
+        assert client.flush(30)
+        view = client.view()
+        assert view["pairsSeen"] == 21 * 5 * 8 and view["map"] is not None
+        fitted = client.calibrate([0.3, 0.6])
+        server.kill9()
+        client.observe([group(rng) for _ in range(5)])
+        time.sleep(0.5)
+        np.testing.assert_array_equal(client.calibrate([0.3, 0.6]), fitted)  # training goes on
+        assert client.stale_seconds >= 0.4 and client.pending_groups == 5
+        server.start()
+        assert client.flush(30)
+        assert client.view()["pairsSeen"] == 22 * 5 * 8
+        assert client.stale_seconds < 1.0
+    finally:
+        client.close()
+    assert FileStore(tmp_path / "state.json").load().view()["pairsSeen"] == 22 * 5 * 8
+
+
+def hammer(url, trainer, n_batches, acked, stop):
+    """Post batches, retrying each (same id) until acknowledged; record what was acknowledged."""
+    rng = np.random.default_rng(abs(hash(trainer)) % 2**32)
+    http = httpx.Client(timeout=5)
+    for i in range(n_batches):
+        body = {"trainer": trainer, "batch": str(i), "groups": [group(rng) for _ in range(4)]}
+        while not stop.is_set():
+            try:
+                if http.post(url + "/v1/observations", json=body).status_code == 200:
+                    acked.append((trainer, str(i)))
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
+    http.close()
+
+
+def test_kill9_mid_stream_loses_no_acknowledged_observation(servers, tmp_path):
+    path = tmp_path / "state.json"
+    server = servers("--state-file", str(path)).start()
+    acked, stop = [], threading.Event()
+    threads = [threading.Thread(target=hammer, args=(server.url, f"t{i}", 60, acked, stop)) for i in range(4)]
+    for t in threads:
+        t.start()
+    while len(acked) < 40:
+        time.sleep(0.01)
+    server.kill9()
+    acked_before_kill = list(acked)
+    state = FileStore(path).load()
+    assert all(state.seen(t, b) for t, b in acked_before_kill)  # durable before acknowledged
+    server.start()
+    for t in threads:
+        t.join(60)
+    stop.set()
+    view = httpx.get(server.url + "/v1/calibration").json()
+    assert len(acked) == 240 and view["batches"] == 240 and view["pairsSeen"] == 240 * 32
+
+
+def test_a_corrupt_state_file_is_reported_not_a_crash(servers, tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text("{ edited by hand")
+    server = servers("--state-file", str(path)).start()
+    health = httpx.get(server.url + "/healthz")
+    assert health.status_code == 503 and "not JSON" in health.json()["error"]
+    response = post(server.url, {"trainer": "t", "batch": "b", "groups": [GOOD]})
+    assert response.status_code == 503 and "delete the file to re-initialise" in response.json()["error"]
+    assert server.proc.poll() is None and httpx.get(server.url + "/livez").status_code == 200
+    assert path.read_text() == "{ edited by hand"  # never overwritten behind the operator's back
+    path.unlink()
+    assert post(server.url, {"trainer": "t", "batch": "b", "groups": [GOOD]}).json()["applied"] is True
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_local_calibration_has_the_client_interface():
+    local = LocalCalibration()
+    rng = np.random.default_rng(3)
+    local.observe([{"task": "t", "wm": [0.5, None, float("nan")], "env": [0.4, 0.3, 0.2]}])  # ungraded dropped
+    assert local.view()["pairsSeen"] == 1
+    with pytest.raises(ValueError, match="groups"):
+        local.observe([{"wm": [0.5, 2.0], "env": [0.4, 0.3]}])
+    for _ in range(40):
+        local.observe([group(rng) for _ in range(2)])
+    assert local.view()["map"] is not None and local.stale_seconds == 0.0
+    assert local.calibrate([0.5]).shape == (1,) and local.weight >= 1.0

@@ -1,0 +1,87 @@
+import json
+
+import numpy as np
+import pytest
+
+from wmrl.calibration.state import RECENT_BATCHES, CalibrationConfig, CalibrationState, StateError
+
+
+def groups(rng, n=8, size=8):
+    out = []
+    for _ in range(n):
+        real = rng.random(size)
+        out.append({"task": "t", "wm": np.sqrt(real).tolist(), "env": real.tolist()})
+    return out
+
+
+def test_batches_from_many_trainers_fold_in_and_retries_count_once():
+    rng = np.random.default_rng(0)
+    state = CalibrationState()
+    batches = [(f"trainer-{t}", f"b{i}", groups(rng)) for i in range(20) for t in range(3)]
+    for trainer, batch, g in batches:
+        assert state.observe(trainer, batch, g)
+    for trainer, batch, g in batches[-30:]:
+        assert not state.observe(trainer, batch, g)  # retried: not counted again
+    view = state.view()
+    assert view["pairsSeen"] == 60 * 64 and view["groupsSeen"] == 60 * 8 and view["batches"] == 60
+    assert view["pairs"] == 3840 and view["pairsEvicted"] == 0 and view["version"] == 60
+    assert view["map"] is not None and view["bias"]["reduction"] > 0.5 and view["weight"] >= 1.0
+
+
+def test_bad_input_leaves_the_state_untouched():
+    rng = np.random.default_rng(1)
+    state = CalibrationState()
+    state.observe("t", "ok", groups(rng))
+    before = state.dumps()
+    good = groups(rng)
+    for bad in ([], [*good, {"wm": [0.1, float("nan")], "env": [0.1, 0.2]}], [*good, {"wm": [0.1], "env": [0.1, 0.2]}],
+                [*good, {"wm": [1.5], "env": [0.1]}], [{"wm": [True], "env": [0.1]}], [{"wm": [0.1], "env": [0.1], "x": 1}]):
+        with pytest.raises(ValueError):
+            state.observe("t", "bad", bad)
+    with pytest.raises(ValueError, match="trainer"):
+        state.observe("", "b", good)
+    assert state.dumps() == before
+
+
+def test_json_roundtrip_is_exact_and_compact_at_the_default_buffer():
+    rng = np.random.default_rng(2)
+    state = CalibrationState()
+    for i in range(100):
+        state.observe(f"t{i % 8}", str(i), groups(rng))
+    assert state.view()["pairs"] == 5000 and state.view()["pairsEvicted"] == 1400
+    text = state.dumps()
+    assert len(text.encode()) < 150_000  # a ConfigMap holds 1 MiB
+    again = CalibrationState.loads(text)
+    assert again.dumps() == text and again.view() == state.view()
+    g = groups(rng)
+    assert state.observe("t0", "next", g) and again.observe("t0", "next", g)
+    assert again.dumps() == state.dumps()  # replicas that load the state compute the same numbers
+
+
+def test_recent_batch_ids_are_bounded_per_trainer():
+    state = CalibrationState()
+    g = [{"wm": [0.5], "env": [0.5]}]
+    for i in range(RECENT_BATCHES + 10):
+        state.observe("t", str(i), g)
+    assert len(state.recent["t"]) == RECENT_BATCHES
+    assert not state.observe("t", str(RECENT_BATCHES + 9), g)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not JSON"),
+    ('{"format": 1}', "missing field"),
+    ("[1, 2]", "not a calibration state"),
+    ('{"format": 99}', "format 1"),
+])
+def test_corrupt_state_is_a_clear_error(text, message):
+    with pytest.raises(StateError, match=message):
+        CalibrationState.loads(text)
+
+
+def test_tampered_buffer_is_rejected():
+    state = CalibrationState(CalibrationConfig(min_pairs=1))
+    state.observe("t", "b", [{"wm": [0.2, 0.4], "env": [0.1, 0.3]}])
+    data = json.loads(state.dumps())
+    data["debiasing"]["env"] = [0.1, 7.0]
+    with pytest.raises(StateError, match=r"env\[1\]"):
+        CalibrationState.from_json(data)

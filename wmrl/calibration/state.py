@@ -1,0 +1,274 @@
+"""One calibration, as a value that can be stored, shared and folded into.
+
+A :class:`CalibrationState` holds the debiasing buffer and map, the disagreement
+average and frozen constant, counters, a ``version`` (bumped by every applied
+batch) and, per trainer, the ids of its most recent applied batches so that a
+retried batch is recognised and not counted twice.
+
+Idempotency bound: the last :data:`RECENT_BATCHES` batch ids of each of the
+:data:`RECENT_TRAINERS` most recently active trainers are remembered (as 16-hex
+digests). A client retries a batch until it is acknowledged before it sends the
+next one, so a retry is always among its own recent ids; a trainer silent while
+128 others were active is forgotten, and a retry from it after that would count again.
+
+Rewards are rounded to 6 decimals when they are folded in; the JSON form then
+stores them exactly and compactly (two flat arrays, ~9 bytes a number: the
+default 5000-pair buffer serialises to about 100 KB, far under the 1 MiB limit of
+a ConfigMap), and every replica that loads the state computes the same numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from wmrl.debias import CalibrationMap, OnlineDebiaser, check_rewards
+from wmrl.denoise import DisagreementWeighter
+
+__all__ = ["CalibrationConfig", "CalibrationState", "StateError", "RECENT_BATCHES", "RECENT_TRAINERS", "validate_groups"]
+
+FORMAT = 1
+RECENT_BATCHES = 64
+RECENT_TRAINERS = 128
+MAX_ID_LENGTH = 256
+DECIMALS = 6
+
+
+class StateError(ValueError):
+    """Stored calibration state that cannot be read (corrupt, hand-edited, another format)."""
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """The knobs of debiasing and denoising; defaults are the paper's (same as the WMRLRun schema)."""
+
+    bins: int = 10
+    min_pairs: int = 200
+    refit_every: int = 64
+    buffer_size: int = 5000
+    target_weight: float = 2.0
+    max_weight: float = 4.0
+    half_life: float = 64.0
+    warmup: int = 32
+
+    def __post_init__(self) -> None:
+        # Building the two halves validates every field with one message each.
+        OnlineDebiaser(self.bins, self.min_pairs, self.refit_every, self.buffer_size)
+        DisagreementWeighter(self.target_weight, self.max_weight, self.half_life, self.warmup)
+
+    @classmethod
+    def from_spec(cls, algorithm: Any) -> "CalibrationConfig":
+        """From a ``wmrl.api.schema.AlgorithmSpec`` (or anything with its two sub-objects)."""
+        d, n = algorithm.debiasing, algorithm.denoising
+        return cls(d.bins, d.min_pairs, d.refit_every, d.buffer_size,
+                   n.target_weight, n.max_weight, float(n.half_life), n.warmup)
+
+    def to_json(self) -> dict[str, Any]:
+        return {_camel(k): v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CalibrationConfig":
+        names = {_camel(f.name): f.name for f in fields(cls)}
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"config: unknown field(s) {unknown}")
+        return cls(**{names[k]: v for k, v in data.items()})
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+def _check_id(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise ValueError(f"{name} must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+    return value
+
+
+def validate_groups(groups: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(wm, env), ...]`` from ``[{"task"?, "wm": [...], "env": [...]}, ...]``, or ValueError naming the field."""
+    if not isinstance(groups, list) or not groups:
+        raise ValueError("groups must be a non-empty list")
+    out = []
+    for i, group in enumerate(groups):
+        if not isinstance(group, Mapping):
+            raise ValueError(f"groups[{i}] must be an object with 'wm' and 'env'")
+        extra = sorted(set(group) - {"task", "wm", "env"})
+        if extra:
+            raise ValueError(f"groups[{i}]: unknown field(s) {extra}")
+        if "task" in group and not isinstance(group["task"], str):
+            raise ValueError(f"groups[{i}].task must be a string")
+        pair = []
+        for side in ("wm", "env"):
+            values = group.get(side)
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"groups[{i}].{side} must be a non-empty list of numbers")
+            for j, v in enumerate(values):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ValueError(f"groups[{i}].{side}[{j}] must be a number, got {type(v).__name__}")
+            pair.append(check_rewards(values, f"groups[{i}].{side}"))
+        if len(pair[0]) != len(pair[1]):
+            raise ValueError(f"groups[{i}]: wm and env lengths differ ({len(pair[0])} != {len(pair[1])})")
+        out.append((np.round(pair[0], DECIMALS), np.round(pair[1], DECIMALS)))
+    return out
+
+
+def batch_digest(trainer: str, batch: str) -> str:
+    return hashlib.blake2b(f"{trainer}\0{batch}".encode(), digest_size=8).hexdigest()
+
+
+class CalibrationState:
+    """The shared calibration. Not thread-safe: a store serialises access to it."""
+
+    def __init__(self, config: CalibrationConfig = CalibrationConfig()):
+        self.config = config
+        self.debiaser = OnlineDebiaser(config.bins, config.min_pairs, config.refit_every, config.buffer_size)
+        self.weighter = DisagreementWeighter(config.target_weight, config.max_weight, config.half_life, config.warmup)
+        self.version = 0
+        self.pairs_seen = 0
+        self.pairs_evicted = 0
+        self.groups_seen = 0
+        self.groups_skipped = 0
+        self.batches = 0
+        self.recent: dict[str, list[str]] = {}
+
+    # ---- folding observations
+    def seen(self, trainer: str, batch: str) -> bool:
+        return batch_digest(trainer, batch) in self.recent.get(trainer, ())
+
+    def observe(self, trainer: str, batch: str, groups: Any) -> bool:
+        """Fold one batch of anchor groups in. ``False`` (state unchanged) when it was already applied.
+
+        Everything is validated before anything changes: on ``ValueError`` the state is untouched.
+        """
+        _check_id(trainer, "trainer")
+        _check_id(batch, "batch")
+        pairs = validate_groups(groups)
+        if self.seen(trainer, batch):
+            self._touch(trainer)
+            return False
+        for wm, env in pairs:
+            self.pairs_evicted += self.debiaser.observe_group(wm, env)
+            self.pairs_seen += len(wm)
+            self.groups_seen += 1
+            # measured after the push (and any refit): the residual left by the current map
+            if self.weighter.observe_group(self.debiaser.calibrate(wm), env) is None:
+                self.groups_skipped += 1
+        self.batches += 1
+        self.version += 1
+        self._remember(trainer, batch_digest(trainer, batch))
+        return True
+
+    def _touch(self, trainer: str) -> None:
+        self.recent[trainer] = self.recent.pop(trainer)
+
+    def _remember(self, trainer: str, digest: str) -> None:
+        ids = self.recent.pop(trainer, [])
+        ids.append(digest)
+        self.recent[trainer] = ids[-RECENT_BATCHES:]
+        while len(self.recent) > RECENT_TRAINERS:
+            del self.recent[next(iter(self.recent))]
+
+    # ---- reading
+    @property
+    def map(self) -> Optional[CalibrationMap]:
+        return self.debiaser.map
+
+    @property
+    def weight(self) -> float:
+        return self.weighter.weight
+
+    def calibrate(self, values: Any) -> np.ndarray:
+        return self.debiaser.calibrate(values)
+
+    def view(self) -> dict[str, Any]:
+        """What ``GET /v1/calibration`` returns."""
+        bias = self.debiaser.bias
+        return {
+            "version": self.version,
+            "pairs": len(self.debiaser),
+            "pairsSeen": self.pairs_seen,
+            "pairsEvicted": self.pairs_evicted,
+            "groupsSeen": self.groups_seen,
+            "groupsSkipped": self.groups_skipped,
+            "batches": self.batches,
+            "fits": self.debiaser.fits,
+            "map": None if self.map is None else self.map.to_json(),
+            "disagreement": self.weighter.disagreement,
+            "constant": self.weighter.constant,
+            "weight": self.weight,
+            "bias": None if bias is None else dict(zip(("before", "after", "reduction"), bias)),
+            "config": self.config.to_json(),
+        }
+
+    # ---- persistence
+    def copy(self) -> "CalibrationState":
+        return copy.deepcopy(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "config": self.config.to_json(),
+            "version": self.version,
+            "counters": {"pairsSeen": self.pairs_seen, "pairsEvicted": self.pairs_evicted,
+                         "groupsSeen": self.groups_seen, "groupsSkipped": self.groups_skipped,
+                         "batches": self.batches},
+            "debiasing": self.debiaser.state_dict(),
+            "denoising": self.weighter.state_dict(),
+            "recentBatches": self.recent,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "CalibrationState":
+        """Rebuild from :meth:`to_json`; ``StateError`` saying what is wrong otherwise."""
+        try:
+            if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+                raise ValueError(f"not a calibration state of format {FORMAT}")
+            state = cls(CalibrationConfig.from_json(data["config"]))
+            state.version = int(data["version"])
+            counters = data["counters"]
+            state.pairs_seen, state.pairs_evicted = int(counters["pairsSeen"]), int(counters["pairsEvicted"])
+            state.groups_seen, state.groups_skipped = int(counters["groupsSeen"]), int(counters["groupsSkipped"])
+            state.batches = int(counters["batches"])
+            state.debiaser.load_state_dict(data["debiasing"])
+            state.weighter.load_state_dict(data["denoising"])
+            recent = data["recentBatches"]
+            if not isinstance(recent, Mapping) or not all(
+                isinstance(v, list) and all(isinstance(d, str) for d in v) for v in recent.values()
+            ):
+                raise ValueError("recentBatches must map trainer ids to lists of digests")
+            state.recent = {str(k): list(v) for k, v in recent.items()}
+            if len(state.debiaser) > state.config.buffer_size:
+                raise ValueError("buffer holds more pairs than bufferSize")
+            return state
+        except StateError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise StateError(f"invalid calibration state: {what}") from None
+
+    @classmethod
+    def loads(cls, text: str) -> "CalibrationState":
+        try:
+            data = json.loads(text, parse_constant=_reject_constant)
+        except ValueError as exc:
+            raise StateError(f"invalid calibration state: not JSON ({exc})") from None
+        return cls.from_json(data)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def fold_all(state: CalibrationState, batches: Sequence[tuple[str, str, Any]]) -> list[bool]:
+    """Observe several ``(trainer, batch, groups)`` in order; the applied flag of each."""
+    return [state.observe(t, b, g) for t, b, g in batches]

@@ -1,0 +1,260 @@
+"""Where a calibration state lives, and how an update becomes durable.
+
+Both stores offer the same two calls:
+
+* ``load() -> CalibrationState``: the current state (a fresh one when none is stored);
+* ``transact(fn) -> (result, state)``: apply ``fn`` to the current state and make the
+  result durable before returning. ``fn`` must be a pure function of the state it is
+  given (it may be applied more than once, to newer states, when writers race).
+
+:class:`ConfigMapStore` uses optimistic concurrency: it writes with the
+``resourceVersion`` it read; on 409 Conflict it re-reads, re-applies and retries,
+so any number of replicas on one ConfigMap lose no update. :class:`FileStore`
+takes an exclusive ``fcntl`` lock on ``<path>.lock`` for the read-modify-write and
+replaces the file atomically (temp file, fsync, rename, fsync of the directory),
+so a writer killed at any instant leaves either the old or the new state.
+
+Stored state that cannot be read raises :class:`~wmrl.calibration.state.StateError`
+with a message saying what to do. It is never overwritten automatically (it may be
+a hand edit worth keeping); deleting the ConfigMap (or file), or emptying its
+``state.json`` key, re-initialises the calibration cleanly.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+from wmrl.calibration.state import CalibrationConfig, CalibrationState, StateError
+
+__all__ = ["ConfigMapStore", "FileStore", "StoreError", "open_store"]
+
+T = TypeVar("T")
+KEY = "state.json"
+
+
+class StoreError(RuntimeError):
+    """The store could not be reached or kept conflicting (transient: retry later)."""
+
+
+class FileStore:
+    def __init__(self, path: str | os.PathLike, config: CalibrationConfig = CalibrationConfig()):
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.config = config
+        self._cache: Optional[tuple[tuple[int, int, int], CalibrationState]] = None
+        self._mutex = threading.Lock()
+        self._swept = False
+        self.conflicts = 0
+
+    def describe(self) -> str:
+        return f"file {self.path}"
+
+    def _sweep(self) -> None:
+        """Under the exclusive lock: remove temp files left by writers killed mid-write."""
+        for leftover in self.path.parent.glob(f".{self.path.name}.*"):
+            leftover.unlink(missing_ok=True)
+        self._swept = True
+
+    def _lock(self, exclusive: bool):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        return fd
+
+    def _read(self) -> CalibrationState:
+        """The stored state (cached by inode/mtime/size: a rename always changes the inode)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return CalibrationState(self.config)
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1].copy()
+        text = self.path.read_text()
+        if not text.strip():
+            return CalibrationState(self.config)
+        try:
+            state = CalibrationState.loads(text)
+        except StateError as exc:
+            raise StateError(f"{self.describe()}: {exc}; fix it, or delete the file to re-initialise") from None
+        self._cache = (key, state)
+        return state.copy()
+
+    def load(self) -> CalibrationState:
+        fd = self._lock(exclusive=False)
+        try:
+            with self._mutex:
+                return self._read()
+        finally:
+            os.close(fd)
+
+    def transact(self, fn: Callable[[CalibrationState], T]) -> tuple[T, CalibrationState]:
+        fd = self._lock(exclusive=True)
+        try:
+            with self._mutex:
+                if not self._swept:
+                    self._sweep()
+                state = self._read()
+                before = state.version
+                result = fn(state)
+                if state.version != before or not self.path.exists():
+                    self._write(state)
+                return result, state
+        finally:
+            os.close(fd)
+
+    def _write(self, state: CalibrationState) -> None:
+        text = state.dumps()
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        st = os.stat(self.path)
+        self._cache = ((st.st_ino, st.st_mtime_ns, st.st_size), state.copy())
+
+
+class ConfigMapStore:
+    """State in key ``state.json`` of a ConfigMap (created when missing; other keys and metadata kept)."""
+
+    def __init__(self, namespace: str, name: str, config: CalibrationConfig = CalibrationConfig(),
+                 api: Any = None, kubeconfig: Optional[str] = None, max_attempts: int = 64, timeout: float = 10.0):
+        self.namespace, self.name, self.config = namespace, name, config
+        self.api = api if api is not None else _core_api(kubeconfig)
+        self.max_attempts, self.timeout = max_attempts, timeout
+        # (object as read, its state): only the single transacting thread touches it
+        self._cache: Optional[tuple[dict, CalibrationState]] = None
+        self._mutex = threading.Lock()
+        self.conflicts = 0
+
+    def describe(self) -> str:
+        return f"ConfigMap {self.namespace}/{self.name}"
+
+    # ---- raw API (JSON in, JSON out: the typed models are slow on a 100 KB object)
+    def _call(self, method: str, *args: Any, body: Any = None) -> dict:
+        from kubernetes.client.exceptions import ApiException
+
+        kwargs = {"_preload_content": False, "_request_timeout": self.timeout}
+        if body is not None:
+            kwargs["body"] = body
+        try:
+            response = getattr(self.api, method)(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise
+            raise StoreError(f"{self.describe()}: {method} failed: HTTP {exc.status} {exc.reason}") from None
+        except Exception as exc:  # connection refused, timeouts, TLS: all transient for us
+            raise StoreError(f"{self.describe()}: {method} failed: {exc}") from None
+        return json.loads(response.data)
+
+    def _read_object(self) -> Optional[dict]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._call("read_namespaced_config_map", self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _parse(self, obj: Optional[dict]) -> CalibrationState:
+        text = ((obj or {}).get("data") or {}).get(KEY, "")
+        if not text.strip():
+            return CalibrationState(self.config)
+        try:
+            return CalibrationState.loads(text)
+        except StateError as exc:
+            raise StateError(
+                f"{self.describe()} key {KEY}: {exc}; fix it, delete the ConfigMap or empty the key to re-initialise"
+            ) from None
+
+    def load(self) -> CalibrationState:
+        return self._parse(self._read_object())
+
+    def transact(self, fn: Callable[[CalibrationState], T]) -> tuple[T, CalibrationState]:
+        from kubernetes.client.exceptions import ApiException
+
+        with self._mutex:
+            for _ in range(self.max_attempts):
+                if self._cache is None:
+                    obj = self._read_object()
+                    self._cache = (obj, self._parse(obj)) if obj is not None else None
+                    if obj is None:
+                        state = CalibrationState(self.config)
+                        result = fn(state)
+                        try:
+                            created = self._call("create_namespaced_config_map", self.namespace,
+                                                 body=self._body(None, state))
+                        except ApiException:  # 409: someone created it first; 404: no namespace
+                            self.conflicts += 1
+                            continue
+                        self._cache = (created, state.copy())
+                        return result, state
+                obj, cached = self._cache
+                state = cached.copy()
+                result = fn(state)
+                if state.version == cached.version and (obj.get("data") or {}).get(KEY):
+                    return result, state
+                try:
+                    written = self._call("replace_namespaced_config_map", self.name, self.namespace,
+                                         body=self._body(obj, state))
+                except ApiException:  # 409: stale resourceVersion; 404: deleted meanwhile
+                    self.conflicts += 1
+                    self._cache = None
+                    continue
+                self._cache = (written, state.copy())
+                return result, state
+            raise StoreError(f"{self.describe()}: still conflicting after {self.max_attempts} attempts")
+
+    def _body(self, obj: Optional[dict], state: CalibrationState) -> dict:
+        if obj is None:
+            metadata = {"name": self.name, "namespace": self.namespace,
+                        "labels": {"app.kubernetes.io/component": "calibration"}}
+            data = {}
+        else:
+            metadata = obj["metadata"]  # carries resourceVersion: the optimistic lock
+            data = dict(obj.get("data") or {})
+        data[KEY] = state.dumps()
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+
+
+def _core_api(kubeconfig: Optional[str]) -> Any:
+    from kubernetes import client, config
+
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    return client.CoreV1Api()
+
+
+def open_store(configmap: Optional[str], state_file: Optional[str], config: CalibrationConfig,
+               kubeconfig: Optional[str] = None) -> FileStore | ConfigMapStore:
+    """``--configmap NAMESPACE/NAME`` or ``--state-file PATH`` (exactly one) -> a store."""
+    if bool(configmap) == bool(state_file):
+        raise ValueError("give exactly one of --configmap NAMESPACE/NAME and --state-file PATH")
+    if state_file:
+        return FileStore(state_file, config)
+    namespace, _, name = configmap.partition("/")
+    if not namespace or not name or "/" in name:
+        raise ValueError(f"--configmap must be NAMESPACE/NAME, got {configmap!r}")
+    return ConfigMapStore(namespace, name, config, kubeconfig=kubeconfig)
