@@ -1,0 +1,1053 @@
+"""A real (but node-less) Kubernetes control plane for wmrl tests.
+
+etcd + kube-apiserver + kube-controller-manager + kube-scheduler, with kwok
+simulating kubelets on four fake nodes.  All binaries are built from source by
+``tests/cluster/build`` and cached by version under
+``${WMRL_CACHE:-~/.cache/wmrl}/bin/<name>-<version>/<name>``.
+
+Standard library only, so it runs with a bare ``python3``:
+
+    python3 tests/cluster/cluster.py up      # last stdout line: kubeconfig path
+    python3 tests/cluster/cluster.py down
+    python3 tests/cluster/cluster.py status
+
+From Python::
+
+    from cluster import up, down, kubectl, helm, binary
+    c = up()
+    kubectl("get", "nodes", kubeconfig=c.kubeconfig)
+
+State (pids, logs, certs, etcd data) lives in
+``${WMRL_CLUSTER_DIR:-$WMRL_CACHE/cluster}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build"
+
+# --------------------------------------------------------------------------
+# versions: the build script is the single source of truth (its defaults can
+# be overridden with WMRL_K8S_VERSION etc., which both honour).
+
+_VERSION_VARS = {
+    "k8s": "K8S_VERSION",
+    "etcd": "ETCD_VERSION",
+    "kwok": "KWOK_VERSION",
+    "helm": "HELM_VERSION",
+}
+
+
+def versions() -> Dict[str, str]:
+    text = BUILD_SCRIPT.read_text()
+    out = {}
+    for key, var in _VERSION_VARS.items():
+        m = re.search(r'^%s="\$\{(WMRL_\w+):-([^}]+)\}"' % var, text, re.M)
+        if not m:
+            raise RuntimeError(f"cannot find {var} in {BUILD_SCRIPT}")
+        out[key] = os.environ.get(m.group(1)) or m.group(2)
+    return out
+
+
+_BINARY_GROUP = {
+    "etcd": "etcd",
+    "kube-apiserver": "k8s",
+    "kube-controller-manager": "k8s",
+    "kube-scheduler": "k8s",
+    "kubectl": "k8s",
+    "kwok": "kwok",
+    "helm": "helm",
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("WMRL_CACHE") or Path.home() / ".cache" / "wmrl")
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("WMRL_CLUSTER_DIR") or cache_dir() / "cluster")
+
+
+def binary(name: str) -> Path:
+    """Path of a cached binary (etcd, kube-*, kubectl, kwok, helm)."""
+    if name not in _BINARY_GROUP:
+        raise KeyError(f"unknown binary {name!r}; known: {sorted(_BINARY_GROUP)}")
+    ver = versions()[_BINARY_GROUP[name]]
+    return cache_dir() / "bin" / f"{name}-{ver}" / name
+
+
+def binaries() -> Dict[str, Path]:
+    return {n: binary(n) for n in _BINARY_GROUP}
+
+
+def build() -> None:
+    """Build missing binaries (no-op when everything is cached)."""
+    if all(p.is_file() and os.access(p, os.X_OK) for p in binaries().values()):
+        return
+    # The build script logs to stderr; keep our stdout clean.
+    subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=sys.stderr)
+
+
+# --------------------------------------------------------------------------
+# ports (non-default so they do not clash with a real cluster); shift them all
+# with WMRL_CLUSTER_PORT_OFFSET to run a second cluster side by side.
+
+def _ports() -> Dict[str, int]:
+    off = int(os.environ.get("WMRL_CLUSTER_PORT_OFFSET", "0"))
+    base = {
+        "etcd_client": 12379,
+        "etcd_peer": 12380,
+        "apiserver": 16443,
+        "controller_manager": 16257,
+        "scheduler": 16259,
+        "kwok": 16247,
+    }
+    return {k: v + off for k, v in base.items()}
+
+
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_FIRST_IP = "10.96.0.1"
+POD_CIDR = "10.244.0.0/16"
+
+COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+
+NODES = [
+    # name, cpu, memory, gpus
+    ("kwok-cpu-0", "16", "64Gi", None),
+    ("kwok-cpu-1", "16", "64Gi", None),
+    ("kwok-gpu-0", "64", "512Gi", "8"),
+    ("kwok-gpu-1", "64", "512Gi", "8"),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# client helpers
+
+
+def kubectl(*args: str, kubeconfig: Optional[os.PathLike] = None, check: bool = True,
+            input: Optional[str] = None, timeout: float = 120,
+            capture: bool = True) -> subprocess.CompletedProcess:
+    """Run the cached kubectl.  Defaults to the admin kubeconfig of the
+    default state dir.  Returns CompletedProcess (text mode)."""
+    kc = str(kubeconfig or default_state_dir() / "admin.kubeconfig")
+    cmd = [str(binary("kubectl")), "--kubeconfig", kc, *map(str, args)]
+    res = subprocess.run(cmd, input=input, text=True, timeout=timeout,
+                         stdout=subprocess.PIPE if capture else None,
+                         stderr=subprocess.PIPE if capture else None)
+    if check and res.returncode != 0:
+        raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
+    return res
+
+
+def helm(*args: str, kubeconfig: Optional[os.PathLike] = None, check: bool = True,
+         input: Optional[str] = None, timeout: float = 300,
+         capture: bool = True) -> subprocess.CompletedProcess:
+    """Run the cached helm against the cluster (KUBECONFIG set in its env;
+    helm's cache/config/data dirs are kept under the state dir)."""
+    sd = default_state_dir()
+    kc = str(kubeconfig or sd / "admin.kubeconfig")
+    env = dict(os.environ)
+    env["KUBECONFIG"] = kc
+    for var, sub in (("HELM_CACHE_HOME", "cache"), ("HELM_CONFIG_HOME", "config"),
+                     ("HELM_DATA_HOME", "data")):
+        env.setdefault(var, str(sd / "helm" / sub))
+    cmd = [str(binary("helm")), *map(str, args)]
+    res = subprocess.run(cmd, input=input, text=True, timeout=timeout, env=env,
+                         stdout=subprocess.PIPE if capture else None,
+                         stderr=subprocess.PIPE if capture else None)
+    if check and res.returncode != 0:
+        raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
+    return res
+
+
+@dataclass
+class Cluster:
+    state_dir: Path
+    kubeconfig: Path
+    server: str
+    versions: Dict[str, str] = field(default_factory=dict)
+    started: bool = False  # True if this up() call started the processes
+
+    def kubectl(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("kubeconfig", self.kubeconfig)
+        return kubectl(*args, **kw)
+
+    def helm(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("kubeconfig", self.kubeconfig)
+        return helm(*args, **kw)
+
+    def binary(self, name: str) -> Path:
+        return binary(name)
+
+    def down(self) -> None:
+        down(self.state_dir)
+
+
+# --------------------------------------------------------------------------
+# state layout
+
+
+class _Paths:
+    def __init__(self, state_dir: Path):
+        self.root = state_dir
+        self.pki = state_dir / "pki"
+        self.logs = state_dir / "logs"
+        self.pids = state_dir / "pids"
+        self.etcd_data = state_dir / "etcd-data"
+        self.kwok_config = state_dir / "kwok.yaml"
+        self.nodes = state_dir / "nodes.yaml"
+        self.admin_kubeconfig = state_dir / "admin.kubeconfig"
+        self.lock = state_dir / ".lock"
+
+    def kubeconfig(self, user: str) -> Path:
+        return self.root / f"{user}.kubeconfig"
+
+    def pidfile(self, comp: str) -> Path:
+        return self.pids / f"{comp}.pid"
+
+
+@contextlib.contextmanager
+def _locked(paths: _Paths):
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open(paths.lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------
+# PKI (openssl)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _host_ip() -> str:
+    """A non-loopback address to advertise (the apiserver refuses to publish
+    a loopback address in the kubernetes Service endpoints)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            ip = s.getsockname()[0]
+            if not ip.startswith("127."):
+                return ip
+    except OSError:
+        pass
+    return "127.0.0.1"
+
+
+def _gen_cert(pki: Path, name: str, subj: str, ext: str) -> None:
+    key, crt = pki / f"{name}.key", pki / f"{name}.crt"
+    if key.exists() and crt.exists():
+        return
+    (pki / f"{name}.ext").write_text(ext)
+    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", f"{name}.key.tmp", "-out", f"{name}.csr", "-subj", subj, cwd=pki)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "3650", "-sha256", "-extfile", f"{name}.ext",
+             "-out", f"{name}.crt.tmp", cwd=pki)
+    os.replace(pki / f"{name}.key.tmp", key)
+    os.replace(pki / f"{name}.crt.tmp", crt)
+
+
+CLIENTS = {
+    # kubeconfig user: certificate subject
+    "admin": "/O=system:masters/CN=wmrl-admin",
+    "controller-manager": "/CN=system:kube-controller-manager",
+    "scheduler": "/CN=system:kube-scheduler",
+    "kwok": "/O=system:masters/CN=wmrl-kwok",
+}
+
+
+def _ensure_pki(p: _Paths) -> None:
+    pki = p.pki
+    pki.mkdir(parents=True, exist_ok=True)
+    if not (pki / "ca.crt").exists():
+        log("generating CA")
+        _openssl("req", "-x509", "-new", "-nodes", "-newkey", "ec",
+                 "-pkeyopt", "ec_paramgen_curve:prime256v1", "-keyout", "ca.key.tmp",
+                 "-out", "ca.crt.tmp", "-subj", "/CN=wmrl-test-ca", "-days", "3650", cwd=pki)
+        os.replace(pki / "ca.key.tmp", pki / "ca.key")
+        os.replace(pki / "ca.crt.tmp", pki / "ca.crt")
+    sans = ",".join([
+        "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
+        "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local",
+        "IP:127.0.0.1", f"IP:{SERVICE_FIRST_IP}",
+    ])
+    _gen_cert(pki, "apiserver", "/CN=kube-apiserver",
+              "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+              f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n")
+    for user, subj in CLIENTS.items():
+        _gen_cert(pki, user, subj,
+                  "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                  "extendedKeyUsage=clientAuth\n")
+    if not (pki / "sa.key").exists():
+        _openssl("genrsa", "-out", "sa.key.tmp", "2048", cwd=pki)
+        _openssl("rsa", "-in", "sa.key.tmp", "-pubout", "-out", "sa.pub", cwd=pki)
+        os.replace(pki / "sa.key.tmp", pki / "sa.key")
+
+
+def _write_kubeconfigs(p: _Paths, server: str) -> None:
+    for user in CLIENTS:
+        text = f"""apiVersion: v1
+kind: Config
+clusters:
+- name: wmrl
+  cluster:
+    server: {server}
+    certificate-authority: {p.pki / 'ca.crt'}
+users:
+- name: {user}
+  user:
+    client-certificate: {p.pki / (user + '.crt')}
+    client-key: {p.pki / (user + '.key')}
+contexts:
+- name: wmrl
+  context:
+    cluster: wmrl
+    user: {user}
+    namespace: default
+current-context: wmrl
+"""
+        path = p.kubeconfig(user)
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------
+# kwok configuration: stages driven by annotations
+
+KWOK_PHASE_ANNOTATION = "wmrl.dev/kwok-phase"
+KWOK_COMPLETE_AFTER_ANNOTATION = "wmrl.dev/kwok-complete-after"
+
+_NOT_DELETING = """    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'"""
+
+_POD_IPS = """      {{ $hostIPs := NodeIPsWith .spec.nodeName }}
+      {{ with $hostIPs }}
+      hostIP: {{ index . 0 | Quote }}
+      hostIPs:
+      {{ range . }}
+      - ip: {{ . | Quote }}
+      {{ end }}
+      {{ end }}
+      {{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+      {{ with $podIPs }}
+      podIP: {{ index . 0 | Quote }}
+      podIPs:
+      {{ range . }}
+      - ip: {{ . | Quote }}
+      {{ end }}
+      {{ end }}"""
+
+
+def _terminal_stage(name: str, phase: str, exit_code: int, reason: str,
+                    selector_extra: str, delay: str = "") -> str:
+    return f"""---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: {name}
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+{_NOT_DELETING}
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Pending', 'Running']
+{selector_extra}
+{delay}  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      {{{{ $start := or .status.startTime $now }}}}
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        reason: PodCompleted
+        type: Ready
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        reason: PodCompleted
+        type: ContainersReady
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: PodScheduled
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        started: false
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: {exit_code}
+            reason: {reason}
+            startedAt: {{{{ $start | Quote }}}}
+            finishedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+{_POD_IPS}
+      phase: {phase}
+      startTime: {{{{ $start | Quote }}}}
+"""
+
+
+def kwok_config(ports: Dict[str, int]) -> str:
+    ann = f'.metadata.annotations["{KWOK_PHASE_ANNOTATION}"]'
+    after = f'.metadata.annotations["{KWOK_COMPLETE_AFTER_ANNOTATION}"]'
+    docs = [f"""apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  cidr: {POD_CIDR}
+  nodeIP: 10.255.0.1
+  serverAddress: 127.0.0.1:{ports['kwok']}
+  manageAllNodes: false
+  manageNodesWithLabelSelector: type=kwok
+  nodeLeaseDurationSeconds: 40
+  nodeLeaseParallelism: 4
+  podPlayStageParallelism: 4
+  nodePlayStageParallelism: 4
+  podsOnNodeSyncParallelism: 2
+  enableDebuggingHandlers: false
+  enableProfilingHandler: false
+  enableContentionProfiling: false
+  enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
+""",
+        # --- nodes: become Ready, keep the capacity they were created with
+        """---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: wmrl-node-ready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Node
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values: ['True']
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      {{ $since := or .metadata.creationTimestamp $now }}
+      conditions:
+      {{ range NodeConditions }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $since | Quote }}
+        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+        type: {{ .type | Quote }}
+      {{ end }}
+      addresses:
+      - address: {{ NodeIP | Quote }}
+        type: InternalIP
+      - address: {{ NodeName | Quote }}
+        type: Hostname
+      {{ with NodePort }}
+      daemonEndpoints:
+        kubeletEndpoint:
+          Port: {{ . }}
+      {{ end }}
+      allocatable:
+      {{ with .status.allocatable }}
+      {{ YAML . 1 }}
+      {{ else }}
+        cpu: "16"
+        memory: 64Gi
+        pods: "110"
+      {{ end }}
+      capacity:
+      {{ with .status.capacity }}
+      {{ YAML . 1 }}
+      {{ else }}
+        cpu: "16"
+        memory: 64Gi
+        pods: "110"
+      {{ end }}
+      nodeInfo:
+        architecture: amd64
+        operatingSystem: linux
+        kubeletVersion: {{ printf "kwok-%s" Version | Quote }}
+        kubeProxyVersion: {{ printf "kwok-%s" Version | Quote }}
+        containerRuntimeVersion: {{ printf "kwok-%s" Version | Quote }}
+        kernelVersion: {{ printf "kwok-%s" Version | Quote }}
+        bootID: ""
+        machineID: ""
+        osImage: ""
+        systemUUID: ""
+      phase: Running
+""",
+        # --- nodes: periodic condition heartbeat (leases are renewed by kwok)
+        """---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: wmrl-node-heartbeat
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Node
+  selector:
+    matchExpressions:
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'In'
+      values: ['True']
+  delay:
+    durationMilliseconds: 20000
+    jitterDurationMilliseconds: 25000
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      {{ $since := or .metadata.creationTimestamp $now }}
+      conditions:
+      {{ range NodeConditions }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $since | Quote }}
+        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+        type: {{ .type | Quote }}
+      {{ end }}
+""",
+        # --- pods: Pending -> Running + Ready (unless a terminal phase is requested)
+        f"""---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: wmrl-pod-ready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+{_NOT_DELETING}
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Pending']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values: ['True']
+    - key: '{ann}'
+      operator: 'NotIn'
+      values: ['Succeeded', 'Failed']
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: Ready
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: ContainersReady
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: PodScheduled
+      {{{{ range .spec.readinessGates }}}}
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: {{{{ .conditionType | Quote }}}}
+      {{{{ end }}}}
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: true
+        started: true
+        restartCount: 0
+        state:
+          running:
+            startedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+      initContainerStatuses:
+      {{{{ range .spec.initContainers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: true
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: 0
+            reason: Completed
+            startedAt: {{{{ $now | Quote }}}}
+            finishedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+{_POD_IPS}
+      phase: Running
+      startTime: {{{{ $now | Quote }}}}
+""",
+        _terminal_stage("wmrl-pod-succeeded", "Succeeded", 0, "Completed", f"""    - key: '{ann}'
+      operator: 'In'
+      values: ['Succeeded']"""),
+        _terminal_stage("wmrl-pod-failed", "Failed", 1, "Error", f"""    - key: '{ann}'
+      operator: 'In'
+      values: ['Failed']"""),
+        _terminal_stage("wmrl-pod-complete-after", "Succeeded", 0, "Completed", f"""    - key: '.metadata.ownerReferences.[].kind'
+      operator: 'In'
+      values: ['Job']
+    - key: '{after}'
+      operator: 'Exists'
+    - key: '{ann}'
+      operator: 'NotIn'
+      values: ['Succeeded', 'Failed']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'In'
+      values: ['True']""", delay=f"""  delay:
+    durationMilliseconds: 0
+    durationFrom:
+      expressionFrom: '{after}'
+"""),
+        # --- pods being deleted are removed
+        f"""---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: wmrl-pod-delete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+  next:
+    delete: true
+""",
+    ]
+    return "".join(docs)
+
+
+def nodes_manifest() -> str:
+    docs = []
+    for name, cpu, mem, gpus in NODES:
+        labels = {
+            "type": "kwok",
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "node-role.kubernetes.io/worker": "",
+        }
+        res = {"cpu": cpu, "memory": mem, "pods": "110", "ephemeral-storage": "1Ti"}
+        if gpus:
+            labels["nvidia.com/gpu.present"] = "true"
+            res["nvidia.com/gpu"] = gpus
+        docs.append({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": {"kwok.x-k8s.io/node": "fake",
+                                "node.alpha.kubernetes.io/ttl": "0"},
+            },
+            "spec": {},
+            "status": {"capacity": res, "allocatable": dict(res)},
+        })
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}, indent=1)
+
+
+# --------------------------------------------------------------------------
+# process management
+
+
+def _read_pid(p: _Paths, comp: str) -> Optional[int]:
+    try:
+        return int(p.pidfile(comp).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_is(pid: int, comp: str) -> bool:
+    """Is `pid` alive and running the binary for `comp`?"""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[1].split()[0] == "Z":
+        return False
+    return os.path.basename(cmd) == comp
+
+
+def _alive(p: _Paths, comp: str) -> bool:
+    pid = _read_pid(p, comp)
+    return pid is not None and _pid_is(pid, comp)
+
+
+def _spawn(p: _Paths, comp: str, args: Sequence[str]) -> int:
+    p.logs.mkdir(parents=True, exist_ok=True)
+    p.pids.mkdir(parents=True, exist_ok=True)
+    logf = open(p.logs / f"{comp}.log", "ab")
+    logf.write(f"\n==== {time.ctime()} starting {comp}\n".encode())
+    logf.flush()
+    proc = subprocess.Popen([str(binary(comp)), *args], stdin=subprocess.DEVNULL,
+                            stdout=logf, stderr=subprocess.STDOUT, cwd=str(p.root),
+                            start_new_session=True, close_fds=True)
+    logf.close()
+    p.pidfile(comp).write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _stop(p: _Paths, comp: str, timeout: float = 15.0) -> None:
+    pid = _read_pid(p, comp)
+    if pid is None:
+        return
+    if _pid_is(pid, comp):
+        log(f"stopping {comp} (pid {pid})")
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pid, sig)  # each component leads its own session/group
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                os.kill(pid, sig)
+            deadline = time.time() + wait
+            while time.time() < deadline and _pid_is(pid, comp):
+                time.sleep(0.1)
+            if not _pid_is(pid, comp):
+                break
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, os.WNOHANG)  # reap if it was our child
+    with contextlib.suppress(FileNotFoundError):
+        p.pidfile(comp).unlink()
+
+
+# --------------------------------------------------------------------------
+# health checks
+
+
+def _get(url: str, ctx: Optional[ssl.SSLContext] = None, timeout: float = 3.0) -> tuple:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError, ssl.SSLError) as e:
+        return None, str(e)
+
+
+def _admin_ctx(p: _Paths) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(p.pki / "ca.crt"))
+    ctx.load_cert_chain(str(p.pki / "admin.crt"), str(p.pki / "admin.key"))
+    return ctx
+
+
+def _insecure_ctx() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _healthy(p: _Paths, comp: str, ports: Dict[str, int]) -> bool:
+    if comp == "etcd":
+        code, body = _get(f"http://127.0.0.1:{ports['etcd_client']}/health")
+        return code == 200 and '"true"' in body
+    if comp == "kube-apiserver":
+        if not (p.pki / "admin.crt").exists():
+            return False
+        code, _ = _get(f"https://127.0.0.1:{ports['apiserver']}/readyz", _admin_ctx(p))
+        return code == 200
+    if comp == "kube-controller-manager":
+        code, _ = _get(f"https://127.0.0.1:{ports['controller_manager']}/healthz", _insecure_ctx())
+        return code == 200
+    if comp == "kube-scheduler":
+        code, _ = _get(f"https://127.0.0.1:{ports['scheduler']}/healthz", _insecure_ctx())
+        return code == 200
+    if comp == "kwok":
+        code, _ = _get(f"http://127.0.0.1:{ports['kwok']}/healthz")
+        return code == 200
+    raise KeyError(comp)
+
+
+def _wait(what: str, pred, timeout: float, p: Optional[_Paths] = None,
+          comp: Optional[str] = None, interval: float = 0.2) -> None:
+    deadline = time.time() + timeout
+    while True:
+        if pred():
+            return
+        if p is not None and comp is not None and not _alive(p, comp):
+            tail = _log_tail(p, comp)
+            raise RuntimeError(f"{comp} exited while waiting for {what}; log tail:\n{tail}")
+        if time.time() > deadline:
+            extra = ("\n" + _log_tail(p, comp)) if (p and comp) else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
+        time.sleep(interval)
+
+
+def _log_tail(p: _Paths, comp: str, n: int = 30) -> str:
+    try:
+        lines = (p.logs / f"{comp}.log").read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _cluster_ready(p: _Paths, ports: Dict[str, int]) -> bool:
+    return all(_alive(p, c) and _healthy(p, c, ports) for c in COMPONENTS)
+
+
+# --------------------------------------------------------------------------
+# component command lines
+
+
+def _args(p: _Paths, ports: Dict[str, int]) -> Dict[str, List[str]]:
+    pki = p.pki
+    kc = p.kubeconfig
+    etcd_url = f"http://127.0.0.1:{ports['etcd_client']}"
+    return {
+        "etcd": [
+            "--name=wmrl",
+            f"--data-dir={p.etcd_data}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{ports['etcd_peer']}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{ports['etcd_peer']}",
+            f"--initial-cluster=wmrl=http://127.0.0.1:{ports['etcd_peer']}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync=true",  # test cluster: speed over durability
+            "--quota-backend-bytes=4294967296",
+            "--log-level=warn",
+        ],
+        "kube-apiserver": [
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['apiserver']}",
+            f"--advertise-address={_host_ip()}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=lease",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kube-controller-manager": [
+            f"--kubeconfig={kc('controller-manager')}",
+            f"--authentication-kubeconfig={kc('controller-manager')}",
+            f"--authorization-kubeconfig={kc('controller-manager')}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['controller_manager']}",
+            f"--cert-dir={p.root / 'kcm-certs'}",
+            "--controllers=*,bootstrapsigner,tokencleaner",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kube-scheduler": [
+            f"--kubeconfig={kc('scheduler')}",
+            f"--authentication-kubeconfig={kc('scheduler')}",
+            f"--authorization-kubeconfig={kc('scheduler')}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports['scheduler']}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kwok": [
+            f"--kubeconfig={kc('kwok')}",
+            f"--config={p.kwok_config}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-label-selector=type=kwok",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
+            f"--cidr={POD_CIDR}",
+            "--node-lease-duration-seconds=40",
+        ],
+    }
+
+
+# --------------------------------------------------------------------------
+# up / down
+
+
+def _resolve(state_dir) -> _Paths:
+    return _Paths(Path(state_dir) if state_dir else default_state_dir())
+
+
+def _make_cluster(p: _Paths, ports: Dict[str, int], started: bool) -> Cluster:
+    return Cluster(state_dir=p.root, kubeconfig=p.admin_kubeconfig,
+                   server=f"https://127.0.0.1:{ports['apiserver']}",
+                   versions=versions(), started=started)
+
+
+def status(state_dir=None) -> Dict[str, bool]:
+    p = _resolve(state_dir)
+    ports = _ports()
+    return {c: _alive(p, c) and _healthy(p, c, ports) for c in COMPONENTS}
+
+
+def up(state_dir=None, timeout: float = 120.0) -> Cluster:
+    """Start (or reuse) the cluster; returns a Cluster with .kubeconfig."""
+    p = _resolve(state_dir)
+    ports = _ports()
+    build()
+    with _locked(p):
+        if _cluster_ready(p, ports):
+            log(f"cluster already running in {p.root}")
+            return _make_cluster(p, ports, started=False)
+        t0 = time.time()
+        # anything half-running from an earlier attempt is restarted from scratch
+        for comp in reversed(COMPONENTS):
+            _stop(p, comp)
+        if p.etcd_data.exists():
+            shutil.rmtree(p.etcd_data)
+        for d in (p.logs, p.pids):
+            d.mkdir(parents=True, exist_ok=True)
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+        _ensure_pki(p)
+        _write_kubeconfigs(p, server)
+        p.kwok_config.write_text(kwok_config(ports))
+        p.nodes.write_text(nodes_manifest())
+        args = _args(p, ports)
+        try:
+            log("starting etcd")
+            _spawn(p, "etcd", args["etcd"])
+            _wait("etcd health", lambda: _healthy(p, "etcd", ports), 30, p, "etcd")
+            log("starting kube-apiserver")
+            _spawn(p, "kube-apiserver", args["kube-apiserver"])
+            _wait("kube-apiserver /readyz", lambda: _healthy(p, "kube-apiserver", ports),
+                  timeout, p, "kube-apiserver")
+            log(f"kube-apiserver ready after {time.time() - t0:.1f}s")
+            for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
+                log(f"starting {comp}")
+                _spawn(p, comp, args[comp])
+            kubectl("apply", "-f", str(p.nodes), kubeconfig=p.admin_kubeconfig)
+            for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
+                _wait(f"{comp} health", lambda c=comp: _healthy(p, c, ports), timeout, p, comp)
+            _wait("nodes Ready", lambda: _nodes_ready(p), timeout, p, "kwok", interval=0.5)
+            _wait("default ServiceAccount",
+                  lambda: kubectl("get", "serviceaccount", "default", "-n", "default",
+                                  kubeconfig=p.admin_kubeconfig, check=False).returncode == 0,
+                  timeout, p, "kube-controller-manager", interval=0.5)
+        except BaseException:
+            log("startup failed; stopping components (logs in %s)" % p.logs)
+            for comp in reversed(COMPONENTS):
+                _stop(p, comp)
+            raise
+        log(f"cluster up in {time.time() - t0:.1f}s; kubeconfig {p.admin_kubeconfig}")
+        return _make_cluster(p, ports, started=True)
+
+
+def _nodes_ready(p: _Paths) -> bool:
+    res = kubectl("get", "nodes", "-l", "type=kwok", "-o", "json",
+                  kubeconfig=p.admin_kubeconfig, check=False)
+    if res.returncode != 0:
+        return False
+    items = json.loads(res.stdout).get("items", [])
+    names = {n for n, *_ in NODES}
+    ready = set()
+    for node in items:
+        for cond in node.get("status", {}).get("conditions", []) or []:
+            if cond.get("type") == "Ready" and cond.get("status") == "True":
+                ready.add(node["metadata"]["name"])
+        if node.get("spec", {}).get("taints"):
+            ready.discard(node["metadata"]["name"])  # wait for not-ready taints to go
+    return names <= ready
+
+
+def down(state_dir=None) -> None:
+    """Stop every component started by up() and wipe etcd data."""
+    p = _resolve(state_dir)
+    if not p.root.exists():
+        return
+    with _locked(p):
+        for comp in reversed(COMPONENTS):
+            _stop(p, comp)
+        if p.etcd_data.exists():
+            shutil.rmtree(p.etcd_data)
+        log(f"cluster in {p.root} stopped")
+
+
+# --------------------------------------------------------------------------
+# CLI
+
+
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv[0] if argv else "up"
+    state_dir = os.environ.get("WMRL_CLUSTER_DIR") or None
+    if cmd == "up":
+        c = up(state_dir)
+        print(c.kubeconfig, flush=True)
+    elif cmd == "down":
+        down(state_dir)
+    elif cmd == "status":
+        st = status(state_dir)
+        for comp, ok in st.items():
+            print(f"{comp}: {'healthy' if ok else 'down'}")
+        return 0 if all(st.values()) else 1
+    elif cmd == "build":
+        build()
+    elif cmd == "kubeconfig":
+        print(_resolve(state_dir).admin_kubeconfig)
+    elif cmd == "versions":
+        print(json.dumps(versions(), indent=1))
+    elif cmd == "binary":
+        print(binary(argv[1]))
+    else:
+        print(f"usage: {sys.argv[0]} up|down|status|build|kubeconfig|versions|binary NAME",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

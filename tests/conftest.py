@@ -1,0 +1,33 @@
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# tests/cluster/cluster.py (stdlib only), loaded by path so that it does not
+# depend on sys.path / pytest import mode; importable afterwards as
+# `wmrl_cluster` (e.g. `from wmrl_cluster import kubectl, helm, binary`).
+if "wmrl_cluster" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location(
+        "wmrl_cluster", Path(__file__).resolve().parent / "cluster" / "cluster.py")
+    sys.modules["wmrl_cluster"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["wmrl_cluster"])
+wmrl_cluster = sys.modules["wmrl_cluster"]
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster():
+    """A real control plane (etcd, kube-apiserver, controller-manager,
+    scheduler) with kwok fake nodes; see tests/cluster/README.md.
+
+    Yields a wmrl_cluster.Cluster: .kubeconfig (admin kubeconfig path),
+    .kubectl(*args), .helm(*args), .binary(name), .versions.  Torn down at the
+    end of the session only if this session started it (set
+    WMRL_KEEP_CLUSTER=1 to keep it running for the next session)."""
+    cluster = wmrl_cluster.up()
+    try:
+        yield cluster
+    finally:
+        if cluster.started and not os.environ.get("WMRL_KEEP_CLUSTER"):
+            cluster.down()
