@@ -204,6 +204,16 @@ def probe_isolation() -> Isolation:
 # --------------------------------------------------------------------------- uids
 
 
+def check_searchable(directory: str) -> None:
+    """In root mode the execution's uid must reach its directory: every ancestor needs o+x."""
+    path = Path(directory).resolve()
+    for d in (path, *path.parents):
+        mode = d.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            raise ValueError(f"--work-root {directory}: {d} (mode {stat.filemode(mode)}) is not searchable "
+                             "by other users, so an execution's uid could not reach its directory")
+
+
 class UidPool:
     """Dedicated uids, one per slot, unique among the sandbox servers of this machine.
 
@@ -611,5 +621,5 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
 
 __all__ = [
     "ExecutionRequest", "ExecutionResult", "Isolation", "Limits", "RequestError", "UidPool", "execute",
-    "kill_everything", "probe_isolation", "safe_relative_path", "set_child_subreaper", "SCRIPT_NAME",
+    "check_searchable", "kill_everything", "probe_isolation", "safe_relative_path", "set_child_subreaper", "SCRIPT_NAME",
 ]

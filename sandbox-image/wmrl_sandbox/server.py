@@ -143,6 +143,8 @@ class SandboxServer:
         self.max_body_bytes = max_body_bytes
         self.python = python
         self.isolation = isolation or executor.probe_isolation()
+        if self.isolation.as_root:
+            executor.check_searchable(self.work_root)
         self.uid_pool = executor.UidPool(slots, base=uid_base) if self.isolation.as_root else None
         self._free_uids = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
         self.busy = 0
@@ -166,7 +168,8 @@ class SandboxServer:
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "slots": self.slots, "busy": self.busy,
-                                  "isolation": self.isolation.describe()})
+                                  "isolation": self.isolation.describe(),
+                                  "uids": self.uid_pool.uids if self.uid_pool else []})
 
     async def metrics_handler(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),

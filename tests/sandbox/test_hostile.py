@@ -1,0 +1,267 @@
+"""Hostile programs against a real server process: each is contained and leaves nothing behind.
+
+The server runs as root here, so the root-mode layers are exercised: a dedicated uid per
+slot, a fresh network namespace, a private mount namespace with tmpfs over /tmp.
+"""
+
+import base64
+import io
+import os
+import socket
+import threading
+import time
+import uuid
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from sandbox_helpers import SECRET, assert_contained, run
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root-mode isolation needs root (the tests run as root here)")
+
+
+def test_infinite_loop_times_out(server):
+    res = run(server, "while True:\n    pass", run_timeout=1)
+    assert res["status"] == "Failed"
+    assert res["run_result"]["status"] == "TimeLimitExceeded"
+    assert res["run_result"]["return_code"] is None
+    assert_contained(server)
+
+
+def test_fork_bomb_is_capped_and_killed(server):
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    res = run(server, code, run_timeout=1.5)
+    assert res["run_result"]["status"] == "TimeLimitExceeded"
+    assert_contained(server)
+
+
+@pytest.mark.parametrize("code", [
+    "x = bytearray(10**10)",
+    "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))",
+])
+def test_memory_bomb_hits_the_limit(server, code):
+    res = run(server, code, memory_limit_MB=256)
+    assert res["status"] == "Failed"
+    assert res["run_result"]["status"] == "Finished"
+    assert "MemoryError" in res["run_result"]["stderr"]
+    assert_contained(server)
+
+
+def test_gigabytes_on_stdout_are_capped(server):
+    code = "import sys\nb = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(b)\nsys.stderr.write('done')"
+    res = run(server, code, run_timeout=20)
+    rr = res["run_result"]
+    assert rr["stdout_truncated"] is True
+    assert len(rr["stdout"]) == 65536 and set(rr["stdout"]) == {"x"}
+    if rr["status"] == "Finished":  # all of it went through the pipe and was discarded
+        assert rr["stderr"] == "done" and res["status"] == "Success"
+    assert_contained(server)
+
+
+def test_writes_outside_the_work_dir_do_not_land(server):
+    name = f"wmrl-escape-{uuid.uuid4().hex}"
+    targets = [f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}", f"{server.work_root}/{name}",
+               f"../{name}", f"/etc/{name}", f"/{name}", f"/root/{name}"]
+    code = (
+        "import os\n"
+        f"for t in {targets!r}:\n"
+        "    try:\n"
+        "        with open(t, 'w') as fh:\n"
+        "            fh.write('escaped')\n"
+        "        print('wrote', t, os.path.exists(t))\n"
+        "    except OSError as e:\n"
+        "        print('denied', t, type(e).__name__)\n"
+    )
+    res = run(server, code)
+    assert res["status"] == "Success"
+    out = res["run_result"]["stdout"]
+    # World-writable dirs are private tmpfs mounts: the write "succeeds" inside the sandbox only.
+    assert f"wrote /tmp/{name} True" in out
+    for t in targets[3:]:
+        assert f"denied {t}" in out
+    for t in targets:
+        assert not os.path.exists(os.path.join(server.work_root, t) if not t.startswith("/") else t), t
+    assert_contained(server)
+
+
+def test_server_env_and_root_files_are_unreadable(server, tmp_path):
+    secret_file = tmp_path / "root-only.txt"
+    secret_file.write_text(SECRET)
+    secret_file.chmod(0o600)
+    code = (
+        "import os, glob\n"
+        "found = [k for k, v in os.environ.items() if 'secret' in (k + v).lower()]\n"
+        "print('env', found)\n"
+        "for p in [f'/proc/{os.getppid()}/environ', '/proc/1/environ'] + glob.glob('/proc/[0-9]*/environ'):\n"
+        "    try:\n"
+        "        data = open(p, 'rb').read()\n"
+        f"        if b'{SECRET}' in data: print('LEAK', p)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        f"for p in [{str(secret_file)!r}, '/etc/shadow']:\n"
+        "    try:\n"
+        "        print('LEAK', p, open(p).read())\n"
+        "    except OSError as e:\n"
+        "        print('denied', p, type(e).__name__)\n"
+    )
+    res = run(server, code)
+    out = res["run_result"]["stdout"] + res["run_result"]["stderr"]
+    assert res["status"] == "Success", out
+    assert SECRET not in out and "LEAK" not in out
+    assert "env []" in out and f"denied {secret_file}" in out
+    assert_contained(server)
+
+
+def test_loopback_service_is_unreachable(server):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    accepted = []
+    done = threading.Event()
+
+    def accept():
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+                accepted.append(conn)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    code = (
+        "import socket\n"
+        f"for host in ['127.0.0.1', 'localhost', '::1']:\n"
+        "    try:\n"
+        f"        socket.create_connection((host, {port}), timeout=1)\n"
+        "        print('CONNECTED', host)\n"
+        "    except OSError as e:\n"
+        "        print('blocked', host, e.errno)\n"
+    )
+    res = run(server, code)
+    done.set()
+    thread.join()
+    listener.close()
+    assert "CONNECTED" not in res["run_result"]["stdout"], res
+    assert accepted == []
+    assert_contained(server)
+
+
+def test_daemonized_grandchild_does_not_outlive_the_execution(server):
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.closerange(0, 3)\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print('main exits')\n"
+    )
+    res = run(server, code)
+    assert res["status"] == "Success"
+    assert res["run_result"]["execution_time"] < 5
+    metrics = httpx.get(f"{server.url}/metrics").text
+    killed = [line for line in metrics.splitlines() if line.startswith("wmrl_sandbox_leftover_processes_killed_total")]
+    assert float(killed[0].split()[-1]) >= 1
+    assert_contained(server)
+
+
+def test_grandchild_holding_the_pipes_is_killed_at_timeout(server):
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)"
+    res = run(server, code, run_timeout=1)
+    assert res["run_result"]["status"] == "TimeLimitExceeded"
+    assert_contained(server)
+
+
+@pytest.mark.parametrize("code, status", [
+    ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "Failed"),  # PermissionError
+    ("import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)", "Failed"),
+    ("import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('still here')", "Success"),  # only its own uid
+])
+def test_killing_the_server_is_not_permitted(server, code, status):
+    res = run(server, code)
+    assert res["status"] == status, res
+    assert server.proc.poll() is None
+    assert_contained(server)
+
+
+def test_zip_bomb_in_files_is_stopped_by_the_file_size_limit(server):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("zeros.bin", b"\0" * (64 << 20))  # 64 MiB -> ~64 KiB; limit is 16 MiB
+    payload = base64.b64encode(buf.getvalue()).decode()
+    code = "import zipfile\nzipfile.ZipFile('bomb.zip').extractall('out')\nprint('extracted')"
+    res = run(server, code, files={"bomb.zip": payload})
+    assert res["status"] == "Failed"
+    assert "File too large" in res["run_result"]["stderr"]
+    assert_contained(server)
+
+
+def test_invalid_base64_is_a_clear_422(server):
+    resp = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "python",
+                                                       "files": {"data.csv": "not base64!!"}})
+    assert resp.status_code == 422
+    assert "files['data.csv']" in resp.json()["error"]
+    assert_contained(server)
+
+
+@pytest.mark.parametrize("path", ["../escape.txt", "/etc/escape.txt", "a/../../b"])
+def test_file_paths_must_stay_inside(server, path):
+    resp = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "python",
+                                                       "files": {path: base64.b64encode(b"x").decode()}})
+    assert resp.status_code == 422 and "inside the working directory" in resp.json()["error"]
+    assert_contained(server)
+
+
+def test_fetch_files_never_follows_links_out(server, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text(SECRET)
+    code = f"import os\nos.symlink({str(outside)!r}, 'link.txt')\nos.symlink('/etc/passwd', 'pw')\nprint('ok')"
+    res = run(server, code, fetch_files=["link.txt", "pw", "missing.txt"])
+    assert res["status"] == "Success"
+    assert res["files"] == {}
+    assert_contained(server)
+
+
+def test_unknown_language_is_rejected_like_sandboxfusion(server):
+    resp = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "cobol"})
+    assert resp.status_code == 422
+    detail = resp.json()["detail"]
+    assert detail[0]["loc"] == ["body", "language"]
+    assert_contained(server)
+
+
+def test_body_over_the_limit_is_413(server):
+    resp = httpx.post(f"{server.url}/run_code", json={"code": "#" + "x" * (2 << 20), "language": "python"})
+    assert resp.status_code == 413
+    assert "exceeds" in resp.json()["error"]
+    assert_contained(server)
+
+
+def test_fifty_concurrent_requests_on_one_slot(server):
+    code = "import time\nstart = time.time()\ntime.sleep(1.5)\nprint(start, time.time())"
+    barrier = threading.Barrier(50)
+
+    def post(_):
+        with httpx.Client(timeout=30) as client:
+            barrier.wait()
+            return client.post(f"{server.url}/run_code", json={"code": code, "language": "python"})
+
+    with ThreadPoolExecutor(50) as pool:
+        responses = list(pool.map(post, range(50)))
+    ok = [r for r in responses if r.status_code == 200]
+    busy = [r for r in responses if r.status_code == 429]
+    assert len(ok) + len(busy) == 50
+    assert len(ok) >= 1 and len(busy) >= 40
+    assert all(r.headers["Retry-After"] == "1" for r in busy)
+    spans = sorted(tuple(map(float, r.json()["run_result"]["stdout"].split())) for r in ok)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start >= end  # never two at once
+    assert_contained(server)
