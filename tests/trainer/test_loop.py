@@ -1,0 +1,175 @@
+"""The WMRL step without TRL: calibration, anchors, weights, ungraded rows, degradation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wmrl.anchors import AnchorSelector
+from wmrl.api.schema import AlgorithmSpec
+from wmrl.calibration.client import LocalCalibration
+from wmrl.calibration.state import CalibrationConfig
+from wmrl_trainer.loop import WMRLStep, extract_code
+from wmrl_scripted import ScriptedExecutor, ScriptedWorldModel, make_tasks, quality
+
+G, B = 8, 8
+
+
+def algorithm(**kw) -> AlgorithmSpec:
+    return AlgorithmSpec.model_validate({"groupSize": G, "groupsPerStep": B, **kw})
+
+
+def calibration(**kw) -> LocalCalibration:
+    base = dict(min_pairs=64, refit_every=32, warmup=8, half_life=16.0)
+    base.update(kw)
+    return LocalCalibration(CalibrationConfig(**base))
+
+
+def codes_for(step: int) -> list[list[str]]:
+    return [[f"step{step}-group{g}-row{i}" for i in range(G)] for g in range(B)]
+
+
+def wmrl_step(mode="wmrl", wm=None, executor=None, cal=None, fraction=0.25, alg=None, **kw) -> WMRLStep:
+    alg = alg or algorithm()
+    return WMRLStep(mode, alg, world_model=wm or ScriptedWorldModel(), dispatcher=executor or ScriptedExecutor(),
+                    calibration=cal if cal is not None else calibration(),
+                    selector=AnchorSelector(fraction, 1, 16, seed=0), **kw)
+
+
+def run(step: WMRLStep, n: int, start: int = 0):
+    tasks = make_tasks(B)
+    return [step.score(step.submit(s, tasks, codes_for(s))) for s in range(start, start + n)]
+
+
+def test_extract_code_takes_the_first_fenced_block_or_everything():
+    assert extract_code("Here:\n```python\nprint(1)\n```\nbye") == "print(1)\n"
+    assert extract_code("```\nx = 2\n") == "x = 2\n"  # cut off at the token limit
+    assert extract_code("import os\nprint(os.sep)") == "import os\nprint(os.sep)"
+
+
+def test_anchor_groups_get_real_rewards_and_the_rest_calibrated_world_model_rewards():
+    step = wmrl_step()
+    scored = run(step, 1)[0]
+    assert scored.anchor_groups == AnchorSelector(0.25, 1, 16, seed=0).select(0, B)
+    real = np.array([[0.5 + 0.5 * quality(c) for c in group] for group in codes_for(0)])
+    for g in range(B):
+        expected = real[g] if g in scored.anchor_groups else scored.calibrated[g]
+        np.testing.assert_allclose(scored.rewards[g], expected)
+    assert np.isnan(scored.real[[g for g in range(B) if g not in scored.anchor_groups]]).all()
+    assert scored.record.executions == len(scored.anchor_groups) * G
+    assert scored.record.anchor_fraction == len(scored.anchor_groups) / B
+
+
+def test_calibrated_rewards_converge_to_the_real_ones():
+    wm = ScriptedWorldModel(noise=0.02)
+    step = wmrl_step(wm=wm, fraction=0.5)
+    records = run(step, 30)
+    real = np.array([[0.5 + 0.5 * quality(c) for c in group] for group in codes_for(999)])
+    first, last = records[0], records[-1]
+    # Score a fresh batch with the final map: calibrated WM rewards are close to the real ones.
+    final = step.score(step.submit(999, make_tasks(B), codes_for(999)))
+    raw_error = np.nanmean(np.abs(final.world_model - real))
+    calibrated_error = np.nanmean(np.abs(final.calibrated - real))
+    assert raw_error > 0.05
+    assert calibrated_error < raw_error / 2
+    assert last.record.bias_reduction is not None and last.record.bias_reduction > 0.2
+    assert first.record.bias_reduction is None
+
+
+def test_weight_rises_with_the_noise_and_falls_without_it():
+    def weight_after_switch(noise_before: float, noise_after: float) -> float:
+        wm = ScriptedWorldModel(noise=noise_before)
+        step = wmrl_step(wm=wm, fraction=0.5)
+        run(step, 12)
+        assert step.calibration.weight == pytest.approx(2.0, rel=0.25)  # frozen at the target after warm-up
+        wm.noise = noise_after
+        return run(step, 20, start=12)[-1].record.weight
+
+    assert weight_after_switch(0.05, 0.4) > 2.5
+    assert weight_after_switch(0.3, 0.02) < 1.5
+
+
+def test_denoising_off_gives_weight_one_and_debiasing_off_gives_raw_rewards():
+    alg = algorithm(denoising={"enabled": False}, debiasing={"enabled": False})
+    step = wmrl_step(alg=alg, fraction=0.5)
+    records = run(step, 20)
+    assert all(r.record.weight == 1.0 for r in records)
+    last = records[-1]
+    non_anchor = [g for g in range(B) if g not in last.anchor_groups]
+    np.testing.assert_allclose(last.rewards[non_anchor], last.world_model[non_anchor])
+
+
+def test_world_model_ungraded_rows_stay_nan_and_are_counted():
+    wm = ScriptedWorldModel(ungraded=lambda code: code.endswith("row3"))
+    scored = run(wmrl_step(wm=wm), 1)[0]
+    non_anchor = [g for g in range(B) if g not in scored.anchor_groups]
+    assert np.isnan(scored.rewards[non_anchor, 3]).all()
+    assert not np.isnan(scored.rewards[scored.anchor_groups]).any()  # real execution graded them
+    assert scored.record.ungraded == len(non_anchor)
+
+
+def test_failed_anchor_executions_drop_the_group_not_the_step():
+    executor = ScriptedExecutor(fail=lambda code: "group" in code and code.split("-")[1] in ("group0", "group1", "group2"))
+    step = wmrl_step(executor=executor, fraction=1.0)
+    scored = run(step, 1)[0]
+    assert scored.record.dropped_anchors == 3
+    assert scored.anchor_groups == list(range(3, B))
+    np.testing.assert_allclose(scored.rewards[:3], scored.calibrated[:3])
+
+
+def test_sandboxes_slower_than_the_deadline_are_abandoned():
+    executor = ScriptedExecutor(delay=5.0, slots=64)
+    step = wmrl_step(executor=executor, execution_timeout=0.3)
+    scored = run(step, 1)[0]
+    assert scored.anchor_groups == []
+    assert scored.record.dropped_anchors >= 1
+    assert not np.isnan(scored.rewards).any()
+    assert scored.record.execution < 2.0
+    executor.close()
+
+
+def test_real_mode_executes_everything_and_failures_are_ungraded():
+    executor = ScriptedExecutor(fail=lambda code: code.endswith("row0"))
+    step = WMRLStep("real", algorithm(), dispatcher=executor)
+    scored = run(step, 1)[0]
+    assert scored.record.executions == B * G
+    assert np.isnan(scored.rewards[:, 0]).all() and not np.isnan(scored.rewards[:, 1:]).any()
+    assert scored.anchor_groups == []  # nothing is up-weighted in the baseline
+    assert scored.record.mean_world_model_reward is None
+
+
+def test_world_model_mode_never_executes():
+    executor = ScriptedExecutor()
+    step = WMRLStep("worldModel", algorithm(), world_model=ScriptedWorldModel(), dispatcher=executor)
+    scored = run(step, 2)[-1]
+    assert executor.runs == [] and scored.record.executions == 0
+    np.testing.assert_allclose(scored.rewards, scored.world_model)
+
+
+def test_learned_world_model_observes_real_outcomes_of_anchor_rows():
+    wm = ScriptedWorldModel()
+    scored = run(wmrl_step(wm=wm), 1)[0]
+    assert len(wm.observed) == len(scored.anchor_groups) * G
+    assert {code.split("-")[1] for _, code, _ in wm.observed} == {f"group{g}" for g in scored.anchor_groups}
+
+
+def test_calibration_that_is_down_keeps_training_on_the_last_map():
+    class Down(LocalCalibration):
+        def observe(self, groups):  # the service client queues and never raises; stale_seconds grows
+            self.queued = getattr(self, "queued", 0) + len(groups)
+
+        @property
+        def stale_seconds(self):
+            return 42.0
+
+    scored = run(wmrl_step(cal=Down()), 2)[-1]
+    assert scored.record.calibration_stale_seconds == 42.0
+    assert not np.isnan(scored.rewards).any()
+
+
+def test_a_mode_missing_its_parts_is_rejected_naming_the_field():
+    with pytest.raises(ValueError, match="spec.worldModel"):
+        WMRLStep("wmrl", algorithm(), dispatcher=ScriptedExecutor(), calibration=calibration(),
+                 selector=AnchorSelector())
+    with pytest.raises(ValueError, match="sandbox"):
+        WMRLStep("real", algorithm())

@@ -1,0 +1,321 @@
+"""The WMRL step, independent of TRL: grade a batch of groups and decide every row's reward.
+
+One step, mode ``wmrl`` (``docs/trainer.md`` has the timeline):
+
+1. :meth:`WMRLStep.submit` (called as soon as the completions exist): the anchor
+   selector picks groups; their rollouts go to the sandbox dispatcher at once
+   (non-blocking futures); the world model starts grading every rollout in a worker
+   thread (compile gate first), so grading, sandbox execution and whatever the
+   trainer does next (TRL's reference log-probs) overlap.
+2. :meth:`WMRLStep.score`: waits for the world model, then for the anchors (bounded by
+   a deadline); anchor groups whose execution failed or timed out are dropped for this
+   step (they fall back to world-model rewards; counted). (WM, real) pairs of anchor
+   groups go to the calibration (non-blocking); the learned world model observes the
+   real outcomes. Rewards: anchor groups -> real; other groups -> calibrated WM
+   (``debiasing.enabled``) or raw WM; the anchor weight comes from the calibration
+   (``denoising.enabled``, else 1).
+
+Mode ``real`` executes every rollout (a failed execution is ungraded); mode
+``worldModel`` only asks the world model (no anchors, no correction). Ungraded rows
+are NaN: they never reach the loss (see :mod:`wmrl_trainer.grpo`).
+
+Timing: every phase is what the trainer *waited* for, so phases add up to the step:
+``world_model`` = time blocked on the world model, ``execution`` = time blocked on
+sandboxes after the world model was done. Busy times (``world_model_busy``,
+``sandbox_seconds``) are reported next to them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import math
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from wmrl.api.schema import Mode
+from wmrl.outcome import Outcome
+from wmrl.tasks import Task
+
+log = logging.getLogger("wmrl.trainer.loop")
+
+_FENCE = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_code(completion: str) -> str:
+    """The program in a completion: the first fenced code block if there is one, else the whole text.
+
+    An unterminated fence (a completion cut off at the token limit) yields what was written.
+    """
+    match = _FENCE.search(completion)
+    return match.group(1) if match else completion
+
+
+@dataclass
+class StepRecord:
+    """What one training step did and how long each phase kept the trainer waiting (seconds)."""
+
+    step: int
+    mode: str
+    generation: float = 0.0
+    world_model: float = 0.0
+    execution: float = 0.0
+    calibration: float = 0.0
+    update: float = 0.0
+    total: float = 0.0
+    world_model_busy: float = 0.0
+    mean_real_reward: Optional[float] = None
+    mean_world_model_reward: Optional[float] = None
+    mean_calibrated_reward: Optional[float] = None
+    anchor_groups: int = 0
+    anchor_fraction: Optional[float] = None
+    dropped_anchors: int = 0
+    bias_reduction: Optional[float] = None
+    weight: Optional[float] = None
+    executions: int = 0
+    failed_executions: int = 0
+    sandbox_seconds: float = 0.0
+    ungraded: int = 0
+    rows: int = 0
+    demand: int = 0
+    calibration_stale_seconds: Optional[float] = None
+
+    @property
+    def execution_wait_fraction(self) -> float:
+        return self.execution / self.total if self.total > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["execution_wait_fraction"] = self.execution_wait_fraction
+        return out
+
+
+@dataclass
+class Scored:
+    """Rewards of one generation batch, ``[n_groups, G]`` arrays (NaN = ungraded / not executed)."""
+
+    rewards: np.ndarray
+    anchor_groups: list[int]
+    weight: float
+    world_model: np.ndarray
+    calibrated: np.ndarray
+    real: np.ndarray
+    record: StepRecord
+
+
+@dataclass
+class _Pending:
+    step: int
+    tasks: list[Task]
+    codes: list[list[str]]
+    anchors: list[int]
+    executions: dict[tuple[int, int], cf.Future]
+    wm_future: Optional[cf.Future]
+    durations: dict[tuple[int, int], float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _nanmean(values: np.ndarray) -> Optional[float]:
+    finite = values[~np.isnan(values)]
+    return float(finite.mean()) if finite.size else None
+
+
+def _reward_or_nan(outcome: Optional[Outcome]) -> float:
+    return float("nan") if outcome is None else float(outcome.reward)
+
+
+class WMRLStep:
+    """Grades batches of groups for one mode. Not thread-safe: one batch at a time (submit, then score)."""
+
+    def __init__(
+        self,
+        mode: Mode | str,
+        algorithm: Any,
+        *,
+        world_model: Any = None,
+        dispatcher: Any = None,
+        calibration: Any = None,
+        selector: Any = None,
+        execution_timeout: float = 660.0,
+        compile_gate: Optional[Callable[[str], Optional[Outcome]]] = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.mode = Mode(mode)
+        self.algorithm = algorithm
+        self.world_model = world_model
+        self.dispatcher = dispatcher
+        self.calibration = calibration
+        self.selector = selector
+        self.execution_timeout = float(execution_timeout)
+        self.compile_gate = compile_gate
+        self.clock = clock
+        if self.mode is not Mode.REAL and world_model is None:
+            raise ValueError(f"spec.mode {self.mode.value!r} needs a world model (spec.worldModel)")
+        if self.mode is not Mode.WORLD_MODEL and dispatcher is None:
+            raise ValueError(f"spec.mode {self.mode.value!r} needs a sandbox dispatcher (runtime.sandboxUrls or sandboxService)")
+        if self.mode is Mode.WMRL and (calibration is None or selector is None):
+            raise ValueError("spec.mode 'wmrl' needs a calibration and an anchor selector")
+        self._wm_pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wmrl-world-model")
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, step: int, tasks: Sequence[Task], codes: Sequence[Sequence[str]]) -> _Pending:
+        """Start grading ``codes[g][i]`` (group ``g`` solves ``tasks[g]``): executions and world model, both non-blocking."""
+        if len(tasks) != len(codes) or not codes:
+            raise ValueError(f"need one task per group, got {len(tasks)} tasks for {len(codes)} groups")
+        n_groups = len(codes)
+        if self.mode is Mode.REAL:
+            anchors = list(range(n_groups))
+        elif self.mode is Mode.WMRL:
+            group_size = len(codes[0])
+            in_flight_groups = math.ceil(self._demand() / max(1, group_size))
+            anchors = self.selector.select(step, n_groups, in_flight=in_flight_groups)
+        else:
+            anchors = []
+        pending = _Pending(step, list(tasks), [list(c) for c in codes], anchors, {}, None)
+        for g in anchors:
+            for i, code in enumerate(pending.codes[g]):
+                pending.executions[(g, i)] = self._execute(pending, (g, i), pending.tasks[g], code)
+        if self.mode is not Mode.REAL:
+            pending.wm_future = self._wm_pool.submit(self._grade_world_model, pending.tasks, pending.codes)
+        return pending
+
+    def _execute(self, pending: _Pending, key: tuple[int, int], task: Task, code: str) -> cf.Future:
+        started = self.clock()
+        try:
+            future = self.dispatcher.run_task(task, code)
+        except Exception as exc:  # a dispatcher that refuses work (closed, no endpoints) fails this execution only
+            future = cf.Future()
+            future.set_exception(exc)
+
+        def done(_f: cf.Future) -> None:
+            with pending.lock:
+                pending.durations[key] = self.clock() - started
+
+        future.add_done_callback(done)
+        return future
+
+    def _grade_world_model(self, tasks: list[Task], codes: list[list[str]]) -> tuple[np.ndarray, float]:
+        """Raw WM rewards ``[n_groups, G]`` (NaN = ungraded) and the busy seconds: compile gate, then one batched call."""
+        started = self.clock()
+        flat = [(g, i, tasks[g], code) for g, group in enumerate(codes) for i, code in enumerate(group)]
+        rewards = np.full((len(codes), len(codes[0])), np.nan)
+        to_model = []
+        for g, i, task, code in flat:
+            gated = self.compile_gate(code) if self.compile_gate is not None else None
+            if gated is not None:
+                rewards[g, i] = gated.reward
+            else:
+                to_model.append((g, i, task, code))
+        if to_model:
+            outcomes = self.world_model.grade([(task, code) for _, _, task, code in to_model])
+            if len(outcomes) != len(to_model):
+                raise RuntimeError(f"world model returned {len(outcomes)} outcomes for {len(to_model)} rollouts")
+            for (g, i, _, _), outcome in zip(to_model, outcomes):
+                rewards[g, i] = _reward_or_nan(outcome)
+        return rewards, self.clock() - started
+
+    # ------------------------------------------------------------------ score
+    def score(self, pending: _Pending) -> Scored:
+        """Wait for the world model and the executions (bounded) and decide every row's reward."""
+        n_groups, group_size = len(pending.codes), len(pending.codes[0])
+        record = StepRecord(step=pending.step, mode=self.mode.value, rows=n_groups * group_size)
+
+        wm = np.full((n_groups, group_size), np.nan)
+        if pending.wm_future is not None:
+            t0 = self.clock()
+            wm, record.world_model_busy = pending.wm_future.result()
+            record.world_model = self.clock() - t0
+
+        t0 = self.clock()
+        real, outcomes, failed = self._collect(pending, n_groups, group_size)
+        record.execution = self.clock() - t0
+        record.executions = len(pending.executions)
+        record.failed_executions = len(failed)
+        with pending.lock:
+            record.sandbox_seconds = float(sum(pending.durations.values()))
+
+        t0 = self.clock()
+        anchors = [g for g in pending.anchors if not any(key[0] == g for key in failed)]
+        record.dropped_anchors = len(pending.anchors) - len(anchors) if self.mode is Mode.WMRL else 0
+        calibrated = wm.copy()
+        weight = 1.0
+        if self.mode is Mode.WMRL:
+            groups = [{"task": pending.tasks[g].name, "wm": wm[g].tolist(), "env": real[g].tolist()} for g in anchors]
+            if groups:
+                self.calibration.observe(groups)
+            if self.algorithm.debiasing.enabled:
+                calibrated = np.asarray(self.calibration.calibrate(wm), dtype=float).reshape(wm.shape)
+            if self.algorithm.denoising.enabled:
+                weight = float(self.calibration.weight)
+            view = self.calibration.view()
+            bias = view.get("bias") or {}
+            record.bias_reduction = bias.get("reduction")
+            record.calibration_stale_seconds = self.calibration.stale_seconds
+        record.calibration = self.clock() - t0
+
+        if self.mode is Mode.WMRL and anchors and hasattr(self.world_model, "observe"):
+            t0 = self.clock()
+            for g in anchors:
+                for i in range(group_size):
+                    self.world_model.observe(pending.tasks[g], pending.codes[g][i], outcomes[(g, i)])
+            record.world_model += self.clock() - t0
+
+        if self.mode is Mode.REAL:
+            rewards = real.copy()
+        else:
+            rewards = calibrated.copy()
+            for g in anchors:
+                rewards[g] = real[g]
+
+        record.mean_real_reward = _nanmean(real)
+        record.mean_world_model_reward = _nanmean(wm) if self.mode is not Mode.REAL else None
+        record.mean_calibrated_reward = _nanmean(calibrated) if self.mode is not Mode.REAL else None
+        record.anchor_groups = len(anchors) if self.mode is not Mode.REAL else n_groups
+        record.anchor_fraction = record.anchor_groups / n_groups
+        record.weight = weight if self.mode is Mode.WMRL else None
+        record.ungraded = int(np.isnan(rewards).sum())
+        record.demand = self._demand()
+        weighted = anchors if self.mode is Mode.WMRL else []
+        return Scored(rewards, weighted, weight, wm, calibrated, real, record)
+
+    def _collect(self, pending: _Pending, n_groups: int, group_size: int):
+        """Real rewards (NaN where not executed or failed), outcomes by row, and the failed row keys."""
+        real = np.full((n_groups, group_size), np.nan)
+        outcomes: dict[tuple[int, int], Outcome] = {}
+        failed: set[tuple[int, int]] = set()
+        if not pending.executions:
+            return real, outcomes, failed
+        done, not_done = cf.wait(list(pending.executions.values()), timeout=self.execution_timeout)
+        for key, future in pending.executions.items():
+            if future in not_done:
+                future.cancel()
+                failed.add(key)
+                continue
+            try:
+                outcome = future.result()
+            except Exception as exc:  # sandbox down, HTTP error, grader error: this execution is lost, not the step
+                log.warning("execution of group %d row %d failed: %s", key[0], key[1], exc)
+                failed.add(key)
+                continue
+            if outcome is None:
+                failed.add(key)
+                continue
+            outcomes[key] = outcome
+            real[key] = outcome.reward
+        if not_done:
+            log.warning("%d executions missed the %.0f s deadline", len(not_done), self.execution_timeout)
+        return real, outcomes, failed
+
+    def _demand(self) -> int:
+        try:
+            return int(self.dispatcher.demand) if self.dispatcher is not None else 0
+        except Exception:  # the demand is advisory (autoscaler input); never fail a step over it
+            return 0
+
+    def close(self) -> None:
+        self._wm_pool.shutdown(wait=False, cancel_futures=True)

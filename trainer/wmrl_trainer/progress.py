@@ -1,0 +1,182 @@
+"""Progress out of the trainer: ``WMRLRun.status.progress`` and Prometheus metrics.
+
+:class:`StatusPatcher` sends a JSON merge patch of ``{"status": {"progress": ...}}`` to the
+WMRLRun's ``status`` subresource after every step (in-cluster service account, or the
+kubeconfig outside a cluster). A failed patch is logged and skipped: progress reporting
+never stops training. :class:`TrainerMetrics` serves the same figures on
+``runtime.metricsPort`` (``/metrics``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from wmrl.api.schema import GROUP, PLURAL, VERSION, Progress
+from wmrl_trainer.loop import StepRecord
+
+log = logging.getLogger("wmrl.trainer.progress")
+PHASES = ("generation", "world_model", "execution", "calibration", "update")
+
+
+class Totals:
+    """Cumulative figures over the run (restored from checkpoints so they survive restarts)."""
+
+    def __init__(self, executions: int = 0, sandbox_seconds: float = 0.0, ungraded: int = 0):
+        self.executions, self.sandbox_seconds, self.ungraded = executions, sandbox_seconds, ungraded
+
+    def add(self, record: StepRecord) -> None:
+        self.executions += record.executions
+        self.sandbox_seconds += record.sandbox_seconds
+        self.ungraded += record.ungraded
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"executions": self.executions, "sandboxSeconds": self.sandbox_seconds, "ungraded": self.ungraded}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        self.executions = int(data.get("executions", 0))
+        self.sandbox_seconds = float(data.get("sandboxSeconds", 0.0))
+        self.ungraded = int(data.get("ungraded", 0))
+
+
+def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
+                held_out_reward: Optional[float] = None) -> Progress:
+    """The ``status.progress`` object after ``record`` (``step`` = completed optimizer steps)."""
+    return Progress(
+        step=record.step + 1,
+        total_steps=total_steps,
+        mean_real_reward=record.mean_real_reward,
+        mean_world_model_reward=record.mean_world_model_reward,
+        mean_calibrated_reward=record.mean_calibrated_reward,
+        held_out_reward=held_out_reward,
+        anchor_fraction=record.anchor_fraction,
+        bias_reduction=record.bias_reduction,
+        anchor_weight=record.weight,
+        executions=totals.executions,
+        sandbox_seconds=round(totals.sandbox_seconds, 3),
+        ungraded=totals.ungraded,
+        sandbox_demand=record.demand,
+        calibration_stale_seconds=record.calibration_stale_seconds,
+        updated_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+
+
+def _api_client(kubeconfig: Optional[str] = None) -> Any:
+    from kubernetes import client, config
+
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+        return client.ApiClient()
+    return config.new_client_from_config(config_file=kubeconfig)
+
+
+class StatusPatcher:
+    """Merge-patches ``status.progress`` of one WMRLRun; errors are logged, never raised."""
+
+    def __init__(self, name: str, namespace: str, api_client: Any = None, timeout: float = 5.0):
+        from kubernetes import client
+
+        self.name, self.namespace, self.timeout = name, namespace, timeout
+        self.api = client.CustomObjectsApi(api_client or _api_client())
+        self.failures = 0
+
+    def patch(self, progress: Progress) -> bool:
+        body = {"status": {"progress": progress.to_wire()}}
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, body,
+                _content_type="application/merge-patch+json", _request_timeout=self.timeout,
+            )
+            return True
+        except Exception as exc:  # apiserver down, RBAC, object deleted: report and keep training
+            self.failures += 1
+            log.warning("patching %s/%s status.progress failed: %s", self.namespace, self.name, exc)
+            return False
+
+
+class TrainerMetrics:
+    """Prometheus gauges/counters of the trainer, on their own registry (several trainers per process in tests)."""
+
+    def __init__(self, port: Optional[int] = None, addr: str = "0.0.0.0"):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step = Gauge("wmrl_trainer_step", "Completed optimizer steps", registry=r)
+        self.reward = Gauge("wmrl_trainer_mean_reward", "Mean reward of the last step", ["kind"], registry=r)
+        self.weight = Gauge("wmrl_trainer_anchor_weight", "Anchor advantage weight of the last step", registry=r)
+        self.anchor_fraction = Gauge("wmrl_trainer_anchor_fraction", "Fraction of groups executed for real", registry=r)
+        self.bias_reduction = Gauge("wmrl_trainer_bias_reduction", "Debiasing residual reduction", registry=r)
+        self.phase = Gauge("wmrl_trainer_phase_seconds", "Seconds the last step waited per phase", ["phase"], registry=r)
+        self.executions = Counter("wmrl_trainer_executions", "Real executions submitted", registry=r)
+        self.failed = Counter("wmrl_trainer_failed_executions", "Real executions that failed or timed out", registry=r)
+        self.dropped = Counter("wmrl_trainer_dropped_anchors", "Anchor groups dropped (execution failed)", registry=r)
+        self.sandbox_seconds = Counter("wmrl_trainer_sandbox_seconds", "Wall seconds of real executions", registry=r)
+        self.ungraded = Counter("wmrl_trainer_ungraded", "Rollouts left out of the loss", registry=r)
+        self.demand = Gauge("wmrl_trainer_sandbox_demand", "Executions queued + in flight", registry=r)
+        self.stale = Gauge("wmrl_trainer_calibration_stale_seconds", "Age of the calibration map", registry=r)
+        self._server = None
+        if port is not None:
+            self._server, self._thread = start_http_server(port, addr=addr, registry=r)
+
+    @property
+    def port(self) -> Optional[int]:
+        return self._server.server_port if self._server is not None else None
+
+    def observe(self, record: StepRecord) -> None:
+        self.step.set(record.step + 1)
+        for kind, value in (("real", record.mean_real_reward), ("world_model", record.mean_world_model_reward),
+                            ("calibrated", record.mean_calibrated_reward)):
+            if value is not None:
+                self.reward.labels(kind).set(value)
+        if record.weight is not None:
+            self.weight.set(record.weight)
+        if record.anchor_fraction is not None:
+            self.anchor_fraction.set(record.anchor_fraction)
+        if record.bias_reduction is not None:
+            self.bias_reduction.set(record.bias_reduction)
+        for phase in PHASES:
+            self.phase.labels(phase).set(getattr(record, phase))
+        self.executions.inc(record.executions)
+        self.failed.inc(record.failed_executions)
+        self.dropped.inc(record.dropped_anchors)
+        self.sandbox_seconds.inc(record.sandbox_seconds)
+        self.ungraded.inc(record.ungraded)
+        self.demand.set(record.demand)
+        if record.calibration_stale_seconds is not None:
+            self.stale.set(record.calibration_stale_seconds)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class ProgressReporter:
+    """Per step: metrics, cumulative totals and (when enabled) the status patch, off the training thread's error path."""
+
+    def __init__(self, totals: Totals, total_steps: Optional[int], patcher: Optional[StatusPatcher] = None,
+                 metrics: Optional[TrainerMetrics] = None):
+        self.totals, self.total_steps, self.patcher, self.metrics = totals, total_steps, patcher, metrics
+        self.held_out_reward: Optional[float] = None
+        self.last: Optional[Progress] = None
+        self._lock = threading.Lock()
+
+    def report(self, record: StepRecord) -> Progress:
+        with self._lock:
+            self.totals.add(record)
+            progress = progress_of(record, self.totals, self.total_steps, self.held_out_reward)
+            self.last = progress
+        if self.metrics is not None:
+            self.metrics.observe(record)
+        if self.patcher is not None:
+            self.patcher.patch(progress)
+        return progress
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
