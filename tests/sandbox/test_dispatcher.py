@@ -1,0 +1,194 @@
+"""SandboxDispatcher against real local servers (and EndpointSlice discovery on the real apiserver)."""
+
+import subprocess
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from wmrl.outcome import Status
+from wmrl.tasks import Task
+from wmrl_sandbox.dispatcher import (EndpointSliceEndpoints, SandboxDispatcher, SandboxRequestError,
+                                     SandboxUnavailable, StaticEndpoints)
+from wmrl_sandbox.local import LocalServer
+
+SLEEP = "import time\ntime.sleep({s})\nprint('slept')"
+
+
+def metric(server, name: str) -> float:
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    with LocalServer(slots=1) as a, LocalServer(slots=1) as b:
+        yield a, b
+
+
+def test_spreads_work_and_never_overfills_a_pod(two_servers):
+    a, b = two_servers
+    busy_before = metric(a, 'wmrl_sandbox_rejected_total{reason="busy"}') + \
+        metric(b, 'wmrl_sandbox_rejected_total{reason="busy"}')
+    with SandboxDispatcher(StaticEndpoints([a.url, b.url]), slots_per_pod=1, timeout=20) as d:
+        futures = [d.run(SLEEP.format(s=0.3)) for _ in range(6)]
+        assert d.demand == 6
+        results = [f.result(timeout=60) for f in futures]
+        assert d.demand == 0
+    assert all(r["status"] == "Success" and r["run_result"]["stdout"] == "slept\n" for r in results)
+    busy_after = metric(a, 'wmrl_sandbox_rejected_total{reason="busy"}') + \
+        metric(b, 'wmrl_sandbox_rejected_total{reason="busy"}')
+    assert busy_after == busy_before  # never sent a pod more than its slots
+    assert metric(a, 'wmrl_sandbox_executions_total{outcome="Success"}') >= 1
+    assert metric(b, 'wmrl_sandbox_executions_total{outcome="Success"}') >= 1
+
+
+def test_files_and_fetch_roundtrip(two_servers):
+    a, _ = two_servers
+    with SandboxDispatcher(StaticEndpoints([a.url]), timeout=20) as d:
+        res = d.run("open('out.txt', 'w').write(open('in.txt').read() * 2)", files={"in.txt": b"ab"},
+                    fetch_files=["out.txt"], run_timeout=10).result(timeout=60)
+    assert res["files"]["out.txt"] == "YWJhYg=="  # base64 of "abab"
+
+
+def test_run_task_grades_a_tiny_task(two_servers):
+    task = Task(name="tiny", description="", kind="classification", metric="accuracy", target="target",
+                data={"test.csv": b"id,f0\n1,0.5\n2,0.7\n"}, hidden_labels=b"id,target\n1,0\n2,1\n",
+                leaderboard=(1.0, 0.5))
+    good = ("import numpy as np\nt = np.loadtxt('data/test.csv', delimiter=',', skiprows=1, ndmin=2)\n"
+            "np.savetxt('submission.csv', np.column_stack([t[:, 0], t[:, 1] > 0.6]), fmt='%d', delimiter=',',"
+            " header='id,target', comments='')\n")
+    with SandboxDispatcher(StaticEndpoints([s.url for s in two_servers]), timeout=30) as d:
+        valid, crash, nosub = (d.run_task(task, code).result(timeout=90) for code in
+                               (good, "import numpy as np\nnp.loadtxt('missing.csv')", "print('hi')"))
+    assert valid.status is Status.VALID and valid.rank_score == 1.0
+    assert crash.status is Status.RUNTIME_ERR and crash.error_type == "FileNotFoundError" and crash.error_line == 2
+    assert nosub.status is Status.RAN_NO_SUB
+
+
+def test_pod_killed_mid_run_is_retried_on_another():
+    with LocalServer(slots=1) as a, LocalServer(slots=1) as b:
+        with SandboxDispatcher(StaticEndpoints([a.url, b.url]), timeout=20, backoff=0.05) as d:
+            futures = [d.run(SLEEP.format(s=1.5)) for _ in range(2)]
+            while a.healthz()["busy"] == 0:  # wait until a is running its execution
+                time.sleep(0.05)
+            a.kill()
+            results = [f.result(timeout=60) for f in futures]
+        assert all(r["status"] == "Success" for r in results)
+        assert metric(b, 'wmrl_sandbox_executions_total{outcome="Success"}') == 2
+
+
+def test_all_pods_dead_fails_after_retries():
+    with LocalServer(slots=1) as a:
+        url = a.url
+    with SandboxDispatcher(StaticEndpoints([url]), timeout=5, max_retries=2, backoff=0.01) as d:
+        with pytest.raises(SandboxUnavailable, match="3 attempts"):
+            d.run("print(1)").result(timeout=60)
+
+
+def test_request_errors_are_not_retried(two_servers):
+    a, _ = two_servers
+    with SandboxDispatcher(StaticEndpoints([a.url]), timeout=5) as d:
+        with pytest.raises(SandboxRequestError, match="422"):
+            d.run("print(1)", files={"../escape": b"x"}).result(timeout=30)
+
+
+def test_backpressure_and_cancel(two_servers):
+    a, _ = two_servers
+    with SandboxDispatcher(StaticEndpoints([a.url]), timeout=20, workers=1, max_queue=1) as d:
+        first = d.run(SLEEP.format(s=1))
+        while d.demand != 1 or first.running() is False:
+            time.sleep(0.01)
+        queued = d.run("print('queued')")  # fills the queue
+        submitted = threading.Event()
+        third = []
+
+        def submit():
+            third.append(d.run("print('third')"))
+            submitted.set()
+
+        threading.Thread(target=submit, daemon=True).start()
+        assert not submitted.wait(0.3)  # blocked: the queue is full
+        assert queued.cancel()  # a queued job can be cancelled
+        assert submitted.wait(30)
+        assert first.result(timeout=30)["status"] == "Success"
+        assert third[0].result(timeout=30)["run_result"]["stdout"] == "third\n"
+        assert queued.cancelled()
+
+
+def test_busy_pod_is_waited_for_not_failed(two_servers):
+    """Another client holds the only slot: 429s wait for it without using up the retries."""
+    a, _ = two_servers
+    hog = threading.Thread(target=lambda: httpx.post(f"{a.url}/run_code", timeout=30, json={
+        "code": SLEEP.format(s=1.5), "language": "python"}))
+    hog.start()
+    while a.healthz()["busy"] == 0:
+        time.sleep(0.02)
+    with SandboxDispatcher(StaticEndpoints([a.url]), timeout=20, max_retries=0) as d:
+        assert d.run("print('after')").result(timeout=60)["run_result"]["stdout"] == "after\n"
+    hog.join()
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="urls"):
+        StaticEndpoints([])
+    with pytest.raises(ValueError, match="slots_per_pod"):
+        SandboxDispatcher(StaticEndpoints(["http://x"]), slots_per_pod=0)
+
+
+def _host_ip() -> str:
+    """A non-loopback address of this machine (EndpointSlices may not point at loopback)."""
+    return subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout.split()[0]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_endpointslice_discovery(k8s_cluster):
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(k8s_cluster.kubeconfig))
+    core, discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
+    ns = f"sandbox-test-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    ip = _host_ip()
+    try:
+        with LocalServer(host="0.0.0.0", slots=1) as server:
+            port = int(server.url.rsplit(":", 1)[1])
+            core.create_namespaced_service(ns, client.V1Service(
+                metadata=client.V1ObjectMeta(name="r-sandbox"),
+                spec=client.V1ServiceSpec(cluster_ip="None", ports=[client.V1ServicePort(name="http", port=8080)])))
+            discovery.create_namespaced_endpoint_slice(ns, client.V1EndpointSlice(
+                metadata=client.V1ObjectMeta(name="r-sandbox-manual",
+                                             labels={"kubernetes.io/service-name": "r-sandbox"}),
+                address_type="IPv4",
+                ports=[client.DiscoveryV1EndpointPort(name="http", port=port, protocol="TCP")],
+                endpoints=[
+                    client.V1Endpoint(addresses=[ip], conditions=client.V1EndpointConditions(ready=True)),
+                    client.V1Endpoint(addresses=["10.255.0.9"], conditions=client.V1EndpointConditions(ready=False)),
+                ]))
+            # An unrelated slice of another service is ignored.
+            discovery.create_namespaced_endpoint_slice(ns, client.V1EndpointSlice(
+                metadata=client.V1ObjectMeta(name="other", labels={"kubernetes.io/service-name": "other"}),
+                address_type="IPv4", ports=[client.DiscoveryV1EndpointPort(port=1)],
+                endpoints=[client.V1Endpoint(addresses=["10.255.0.10"])]))
+
+            endpoints = EndpointSliceEndpoints(ns, "r-sandbox", port=None, refresh_seconds=0.2,
+                                               kubeconfig=str(k8s_cluster.kubeconfig))
+            assert endpoints.urls() == [f"http://{ip}:{port}"]
+            with SandboxDispatcher(endpoints, timeout=20) as d:
+                assert d.run("print('via slice')").result(timeout=60)["run_result"]["stdout"] == "via slice\n"
+
+            # The pod turns unready: the next refresh drops it.
+            discovery.patch_namespaced_endpoint_slice("r-sandbox-manual", ns, {"endpoints": [
+                {"addresses": [ip], "conditions": {"ready": False}}]})
+            deadline = time.monotonic() + 30
+            while endpoints.urls() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert endpoints.urls() == []
+            endpoints.close()
+    finally:
+        core.delete_namespace(ns)
