@@ -1,0 +1,123 @@
+"""TRL integration: every mode runs real GRPO steps with a tiny model on the CPU; the advantage surgery is exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
+from wmrl.api.schema import WMRLRunSpec
+from wmrl_trainer.grpo import completion_text, wmrl_advantages
+from wmrl_trainer.loop import Scored, StepRecord
+from wmrl_trainer.policy import build_tiny_model, build_tiny_tokenizer
+from wmrl_trainer.train import build_trainer
+from wmrl_scripted import ScriptedExecutor, ScriptedWorldModel, make_tasks
+
+pytestmark = pytest.mark.slow
+
+
+def run_config(tmp_path, mode: str = "wmrl", steps: int = 2, **algorithm) -> RunConfig:
+    spec = WMRLRunSpec.model_validate({
+        "mode": mode,
+        "policy": {"model": "tiny", "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 8}},
+        "tasks": {"builtin": "mini-ml"},
+        "algorithm": {"groupSize": 4, "groupsPerStep": 2, "steps": steps, "learningRate": 1e-2, "seed": 3,
+                      "anchors": {"fraction": 0.5}, **algorithm},
+        "trainer": {"checkpoint": {"intervalSteps": 100}},
+    })
+    return RunConfig(metadata=RunMetadata(name="t"), spec=spec,
+                     runtime=Runtime(checkpoint_dir=str(tmp_path / "ckpt"), patch_status=False, metrics_port=None))
+
+
+def tiny_policy(seed: int = 0):
+    tokenizer = build_tiny_tokenizer()
+    return build_tiny_model(tokenizer, seed=seed), tokenizer
+
+
+def scored(rewards, anchors, weight) -> Scored:
+    r = np.array(rewards, dtype=float)
+    return Scored(r, anchors, weight, r, r, r, StepRecord(step=0, mode="wmrl"))
+
+
+def test_anchor_weight_touches_exactly_the_anchor_rows_after_normalisation():
+    rewards = [[0.1, 0.5, 0.9, 0.2], [0.0, 1.0, 0.5, 0.5], [0.3, 0.3, 0.7, 0.2]]
+    plain, _ = wmrl_advantages(scored(rewards, [1], 1.0))
+    weighted, graded = wmrl_advantages(scored(rewards, [1], 3.0))
+    plain, weighted = plain.reshape(3, 4), weighted.reshape(3, 4)
+    np.testing.assert_allclose(weighted[1], 3.0 * plain[1])
+    np.testing.assert_allclose(weighted[[0, 2]], plain[[0, 2]])
+    assert graded.all()
+
+
+def test_ungraded_rows_get_no_advantage_and_do_not_shift_their_group():
+    rewards = [[0.1, np.nan, 0.9, 0.5], [0.2, 0.4, 0.6, 0.8]]
+    adv, graded = wmrl_advantages(scored(rewards, [], 1.0))
+    assert graded.tolist() == [True, False, True, True, True, True, True, True]
+    assert adv[1] == 0.0
+    graded_only, _ = wmrl_advantages(scored([[0.1, 0.9, 0.5]], [], 1.0))
+    np.testing.assert_allclose(adv[[0, 2, 3]], graded_only)
+
+
+def test_completion_text_reads_strings_and_chat_messages():
+    assert completion_text("x = 1") == "x = 1"
+    assert completion_text([{"role": "assistant", "content": "y = 2"}]) == "y = 2"
+
+
+@pytest.mark.parametrize("mode", ["wmrl", "real", "worldModel"])
+def test_every_mode_runs_trl_steps_with_a_tiny_model(tmp_path, mode):
+    records = []
+    executor = ScriptedExecutor()
+    trainer = build_trainer(run_config(tmp_path, mode), policy=tiny_policy(), tasks=make_tasks(3),
+                            world_model=ScriptedWorldModel(noise=0.1), dispatcher=executor, callbacks=[records.append])
+    before = [p.detach().clone() for p in trainer.grpo.model.parameters()]
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    assert summary["steps"] == 2 and summary["finished"]
+    assert [r.step for r in records] == [0, 1]
+    changed = any(not torch.equal(a, b) for a, b in zip(before, trainer.grpo.model.parameters()))
+    assert changed, "the policy did not move"
+    for r in records:
+        assert r.rows == 8 and r.total > 0
+        assert r.generation > 0 and r.update > 0
+        if mode == "real":
+            assert r.executions == 8 and r.mean_world_model_reward is None
+        elif mode == "worldModel":
+            assert r.executions == 0 and r.mean_real_reward is None
+        else:
+            assert r.executions == 4 * r.anchor_groups and r.anchor_groups >= 1 and r.weight >= 1.0
+    assert (tmp_path / "ckpt" / "step-00000002" / "COMPLETE").is_file()  # the final step is always saved
+
+
+def test_ungraded_rows_never_reach_the_loss(tmp_path):
+    """A world model that grades nothing in half the rows: those rows' mask is zero in what TRL trains on."""
+    seen = []
+
+    class Spy(ScriptedWorldModel):
+        def grade(self, items):
+            out = super().grade(items)
+            return [None if i % 2 else o for i, o in enumerate(out)]
+
+    trainer = build_trainer(run_config(tmp_path, "worldModel", steps=1), policy=tiny_policy(), tasks=make_tasks(2),
+                            world_model=Spy(), dispatcher=None)
+    original = type(trainer.grpo)._generate_and_score_completions
+
+    def capture(self, inputs):
+        out = original(self, inputs)
+        seen.append((out, self.last_scored))
+        return out
+
+    trainer.grpo._generate_and_score_completions = capture.__get__(trainer.grpo)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    out, scored_batch = seen[0]
+    ungraded = np.isnan(scored_batch.rewards.reshape(-1))
+    assert ungraded.sum() == 4
+    mask = out["completion_mask"].sum(dim=1)
+    assert (mask[torch.tensor(ungraded)] == 0).all()
+    assert (out["advantages"][torch.tensor(ungraded)] == 0).all()
+    assert out["num_items_in_batch"] == out["completion_mask"].sum()

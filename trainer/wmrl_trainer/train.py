@@ -1,0 +1,474 @@
+"""``wmrl train --config FILE``: the trainer Job's entry point, and :func:`build_trainer` for local runs.
+
+:func:`build_trainer` assembles, from the rendered :class:`~wmrl.api.runconfig.RunConfig`:
+the policy (:mod:`wmrl_trainer.policy`), the task suite, the world model, the sandbox
+dispatcher (``runtime.sandboxUrls`` or the ``runtime.sandboxService`` EndpointSlices),
+the calibration (``runtime.calibrationUrl`` -> the shared service; empty -> in-process)
+and the anchor selector, and wires them into TRL's GRPOTrainer through
+:class:`wmrl_trainer.grpo.WMRLGRPOTrainer`. Anything passed explicitly is used as is (the
+local runner and tests inject their own). The same code runs in a cluster and locally.
+
+:class:`WMRLTrainer` runs it: resumes from the newest complete checkpoint under
+``runtime.checkpointDir``, calls every ``callbacks`` entry with a
+:class:`~wmrl_trainer.loop.StepRecord` after each step, patches status, checkpoints every
+``trainer.checkpoint.intervalSteps`` and on SIGTERM (then stops; ``wmrl train`` exits 143
+so the Job restarts it and it resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from wmrl.api.runconfig import RunConfig, load_run_config
+from wmrl.api.schema import Mode
+from wmrl.tasks import Task
+
+log = logging.getLogger("wmrl.trainer")
+
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: the pod failed, so the Job recreates it and training resumes
+StepCallback = Callable[[Any], None]
+
+
+# ---------------------------------------------------------------- pieces from the config
+
+def build_dispatcher(config: RunConfig) -> Any:
+    from wmrl_sandbox.dispatcher import EndpointSliceEndpoints, SandboxDispatcher, StaticEndpoints
+
+    runtime, sandbox = config.runtime, config.spec.sandbox
+    if runtime.sandbox_urls:
+        endpoints = StaticEndpoints(list(runtime.sandbox_urls))
+    elif runtime.sandbox_service:
+        endpoints = EndpointSliceEndpoints(config.metadata.namespace, runtime.sandbox_service, runtime.sandbox_port)
+    else:
+        raise ValueError("runtime: set sandboxUrls or sandboxService (the mode needs real execution)")
+    return SandboxDispatcher(endpoints, slots_per_pod=sandbox.slots_per_pod, timeout=sandbox.timeout_seconds + 30)
+
+
+def build_calibration(config: RunConfig) -> Any:
+    from wmrl.calibration.client import CalibrationClient, LocalCalibration
+    from wmrl.calibration.state import CalibrationConfig
+
+    trainer_id = f"{config.metadata.namespace}.{config.metadata.name}"
+    if config.runtime.calibration_url:
+        return CalibrationClient(config.runtime.calibration_url, trainer_id)
+    return LocalCalibration(CalibrationConfig.from_spec(config.spec.algorithm), trainer_id=trainer_id)
+
+
+def build_world_model_from_config(config: RunConfig) -> Any:
+    from wmrl_trainer.world_model import build_world_model
+
+    spec = config.spec.world_model
+    if not spec.model:  # empty means the policy's base model, as in the paper
+        spec = spec.model_copy(update={"model": config.spec.policy.model})
+    return build_world_model(spec, config.runtime)
+
+
+def load_training_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
+    from wmrl_trainer.suite import load_tasks, split_held_out
+
+    return split_held_out(load_tasks(config.spec.tasks, config.runtime), config.spec.tasks.held_out)
+
+
+def _compile_gate() -> Optional[Callable[[str], Any]]:
+    try:
+        from wmrl_trainer.world_model import compile_gate
+    except ImportError:
+        return None
+    return compile_gate
+
+
+def step_rows(tasks: Sequence[Task], groups_per_step: int, steps: int, seed: int) -> list[str]:
+    """Task name of every group of the run, in order: seeded permutations of the tasks, back to back.
+
+    The order depends only on ``seed`` (TRL's own shuffling is off), so a resumed run sees
+    exactly the groups an uninterrupted one would.
+    """
+    rng = np.random.default_rng([seed, 7])
+    names = [t.name for t in tasks]
+    rows: list[str] = []
+    while len(rows) < groups_per_step * steps:
+        rows.extend(names[i] for i in rng.permutation(len(names)))
+    return rows[: groups_per_step * steps]
+
+
+def make_prompt(task: Task, tokenizer: Any) -> Any:
+    from wmrl_trainer.prompts import task_prompt
+
+    text = task_prompt(task)
+    return [{"role": "user", "content": text}] if getattr(tokenizer, "chat_template", None) else text
+
+
+def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool) -> Any:
+    """The GRPOConfig of a run: one optimizer step per generation batch of ``groupSize x groupsPerStep`` rows."""
+    from trl import GRPOConfig
+
+    spec, alg = config.spec, config.spec.algorithm
+    use_vllm = use_cuda and spec.policy.rollout_engine == "vllm"
+    extra: dict[str, Any] = {}
+    if use_vllm:
+        extra.update(vllm_mode=spec.policy.vllm_mode)
+        if spec.policy.vllm_mode == "server" and os.environ.get("WMRL_VLLM_SERVER_URL"):
+            extra["vllm_server_base_url"] = os.environ["WMRL_VLLM_SERVER_URL"]
+        if spec.policy.vllm_mode == "colocate":
+            extra["vllm_gpu_memory_utilization"] = float(os.environ.get("WMRL_VLLM_GPU_MEMORY", "0.3"))
+    return GRPOConfig(
+        output_dir=output_dir,
+        num_generations=alg.group_size,
+        generation_batch_size=alg.group_size * alg.groups_per_step,
+        per_device_train_batch_size=alg.group_size,
+        gradient_accumulation_steps=alg.groups_per_step,
+        num_iterations=1,
+        max_steps=alg.steps,
+        learning_rate=alg.learning_rate,
+        lr_scheduler_type="constant",
+        beta=alg.kl_beta,
+        entropy_coef=alg.entropy_coef,
+        max_completion_length=spec.policy.sampling.max_new_tokens,
+        temperature=spec.policy.sampling.temperature,
+        top_p=spec.policy.sampling.top_p,
+        seed=alg.seed,
+        data_seed=alg.seed,
+        shuffle_dataset=False,
+        use_vllm=use_vllm,
+        use_cpu=not use_cuda,
+        bf16=use_cuda,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **extra,
+    )
+
+
+# ---------------------------------------------------------------- the trainer
+
+class _Hook:
+    """transformers TrainerCallback that turns each optimizer step into a StepRecord (built lazily: torch import)."""
+
+    def __new__(cls, owner: "WMRLTrainer") -> Any:
+        from transformers import TrainerCallback
+
+        class Hook(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                owner._step_started = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                owner._on_step_end(control)
+
+        return Hook()
+
+
+class WMRLTrainer:
+    """One run: ``train()``, ``evaluate()``, ``save_checkpoint()``; see the module docstring."""
+
+    def __init__(self, config: RunConfig, grpo: Any, step: Any, *, tasks: list[Task], held_out: list[Task],
+                 reporter: Any, callbacks: Iterable[StepCallback] = (), owned: Iterable[Any] = ()):
+        self.config = config
+        self.grpo = grpo
+        self.step = step
+        self.tasks = tasks
+        self.held_out = held_out
+        self.reporter = reporter
+        self.callbacks = list(callbacks)
+        self.records: list[Any] = []
+        self.stop_requested = threading.Event()
+        self.checkpoint_root = Path(config.runtime.checkpoint_dir)
+        self.interval = config.spec.trainer.checkpoint.interval_steps
+        self.resumed_from: Optional[int] = None
+        self._owned = list(owned)
+        self._step_started = time.perf_counter()
+        grpo.add_callback(_Hook(self))
+
+    # ------------------------------------------------------------ training
+    def train(self) -> dict[str, Any]:
+        from wmrl_trainer.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(self.checkpoint_root)
+        if latest is not None:
+            self._load_wmrl_state(latest)
+            self.resumed_from = int(json.loads((latest / "COMPLETE").read_text())["step"])
+            log.info("resuming from %s (step %d)", latest, self.resumed_from)
+        self.grpo.train(resume_from_checkpoint=str(latest) if latest is not None else None)
+        return self.summary()
+
+    def _on_step_end(self, control: Any) -> None:
+        scored = self.grpo.last_scored
+        state = self.grpo.state
+        now = time.perf_counter()
+        if scored is not None:
+            record = scored.record
+            record.total = now - self._step_started
+            record.update = max(0.0, record.total - record.generation - record.world_model - record.execution
+                                - record.calibration)
+            self.records.append(record)
+            self.reporter.report(record)
+            print(json.dumps({"event": "step", **record.to_json()}, default=float), flush=True)
+            for callback in self.callbacks:
+                callback(record)
+        stopping = self.stop_requested.is_set()
+        if stopping or state.global_step % self.interval == 0 or state.global_step >= state.max_steps:
+            self.save_checkpoint()
+        if stopping:
+            control.should_training_stop = True
+        self._step_started = time.perf_counter()
+
+    def request_stop(self, *_: Any) -> None:
+        """Checkpoint after the current step and stop (the SIGTERM handler)."""
+        self.stop_requested.set()
+
+    @property
+    def finished(self) -> bool:
+        return self.grpo.state.global_step >= self.config.spec.algorithm.steps
+
+    # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path:
+        from wmrl_trainer.checkpoint import save_trainer_state, write_checkpoint
+
+        def write(directory: Path) -> None:
+            save_trainer_state(self.grpo, directory)
+            self._save_wmrl_state(directory)
+
+        path = write_checkpoint(self.checkpoint_root, self.grpo.state.global_step, write)
+        log.info("checkpoint %s", path)
+        return path
+
+    def _save_wmrl_state(self, directory: Path) -> None:
+        import torch
+
+        from wmrl_trainer.checkpoint import WMRL_STATE, WORLD_MODEL_STATE, save_json
+
+        step = self.step
+        data: dict[str, Any] = {"step": self.grpo.state.global_step, "totals": self.reporter.totals.state_dict()}
+        if step.selector is not None:
+            data["selector"] = step.selector.state_dict()
+        local_state = getattr(step.calibration, "state", None)
+        if local_state is not None and hasattr(local_state, "to_json"):
+            data["calibration"] = local_state.to_json()
+        save_json(directory / WMRL_STATE, data)
+        if hasattr(step.world_model, "state_dict"):
+            torch.save(step.world_model.state_dict(), directory / WORLD_MODEL_STATE)
+
+    def _load_wmrl_state(self, directory: Path) -> None:
+        import torch
+
+        from wmrl.calibration.state import CalibrationState
+        from wmrl_trainer.checkpoint import WMRL_STATE, WORLD_MODEL_STATE, load_json
+
+        data, step = load_json(directory / WMRL_STATE), self.step
+        if "selector" in data and step.selector is not None:
+            step.selector.load_state_dict(data["selector"])
+        if "calibration" in data and getattr(step.calibration, "state", None) is not None:
+            step.calibration.state = CalibrationState.from_json(data["calibration"])
+        self.reporter.totals.load_state_dict(data.get("totals", {}))
+        wm_path = directory / WORLD_MODEL_STATE
+        if wm_path.is_file() and hasattr(step.world_model, "load_state_dict"):
+            step.world_model.load_state_dict(torch.load(wm_path, weights_only=False))
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(self, tasks: Sequence[Task], samples_per_task: int) -> float:
+        """Mean REAL reward of ``samples_per_task`` sampled solutions per task (NaN if none could be executed).
+
+        Generation uses the current policy with the run's sampling settings and leaves the
+        training RNG streams untouched, so evaluating does not change what training does.
+        """
+        import torch
+
+        from wmrl_trainer.grpo import completion_text
+        from wmrl_trainer.loop import extract_code
+
+        dispatcher = self.step.dispatcher
+        if dispatcher is None:
+            raise ValueError("evaluate needs a sandbox dispatcher (runtime.sandboxUrls or sandboxService)")
+        model = self.grpo.accelerator.unwrap_model(self.grpo.model)
+        tokenizer = self.grpo.processing_class
+        sampling = self.config.spec.policy.sampling
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        futures: list[cf.Future] = []
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                for task in tasks:
+                    prompt = make_prompt(task, tokenizer)
+                    if isinstance(prompt, list):
+                        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
+                                                            return_dict=True)
+                    else:
+                        ids = tokenizer(prompt, return_tensors="pt")
+                    ids = {k: v.to(model.device) for k, v in ids.items()}
+                    out = model.generate(**ids, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                         max_new_tokens=sampling.max_new_tokens, num_return_sequences=samples_per_task,
+                                         pad_token_id=tokenizer.pad_token_id)
+                    texts = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+                    futures += [dispatcher.run_task(task, extract_code(completion_text(t))) for t in texts]
+        finally:
+            model.train(was_training)
+        done, _ = cf.wait(futures, timeout=self.step.execution_timeout)
+        rewards = []
+        for future in futures:
+            if future in done and future.exception() is None and future.result() is not None:
+                rewards.append(future.result().reward)
+            else:
+                future.cancel()
+        return float(np.mean(rewards)) if rewards else float("nan")
+
+    # ------------------------------------------------------------ summary
+    def summary(self) -> dict[str, Any]:
+        records = self.records
+        phases = ("generation", "world_model", "execution", "calibration", "update", "total")
+        mean = {p: float(np.mean([getattr(r, p) for r in records])) if records else None for p in phases}
+        last = self.reporter.last.to_wire() if self.reporter.last is not None else None
+        total = sum(r.total for r in records)
+        return {
+            "run": self.config.metadata.name,
+            "mode": self.config.spec.mode.value,
+            "steps": self.grpo.state.global_step,
+            "stepsThisProcess": len(records),
+            "resumedFrom": self.resumed_from,
+            "finished": self.finished,
+            "meanSeconds": mean,
+            "executionWaitFraction": (sum(r.execution for r in records) / total) if total > 0 else None,
+            "progress": last,
+        }
+
+    def close(self) -> None:
+        self.step.close()
+        self.reporter.close()
+        for thing in self._owned:
+            try:
+                thing.close()
+            except Exception as exc:  # closing is best effort: report, don't mask the run's result
+                log.warning("closing %r failed: %s", thing, exc)
+
+
+def _ensure_loadable(model: Any, tokenizer: Any, directory: Path) -> None:
+    """TRL builds the KL reference model from the policy's path: give an in-memory policy one."""
+    name = getattr(model.config, "_name_or_path", "")
+    if name and (Path(name).exists() or "/" in name and not name.startswith((".", "/"))):
+        return
+    if not (directory / "config.json").is_file():
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+    model.config._name_or_path = str(directory)
+
+
+def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequence[Task]] = None,
+                  world_model: Any = None, dispatcher: Any = None, calibration: Any = None,
+                  callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None) -> WMRLTrainer:
+    """A ready :class:`WMRLTrainer`; anything not given is built from ``config`` (see the module docstring).
+
+    ``policy`` is ``(model, tokenizer)``; ``tasks`` are the training tasks (held-out tasks are
+    then ``held_out``, default none). What this function builds itself it also closes.
+    """
+    import torch
+    from datasets import Dataset
+
+    from wmrl.anchors import AnchorSelector
+    from wmrl_trainer.grpo import WMRLGRPOTrainer
+    from wmrl_trainer.loop import WMRLStep
+    from wmrl_trainer.policy import load_policy
+    from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics
+
+    spec, alg, mode = config.spec, config.spec.algorithm, config.spec.mode
+    owned: list[Any] = []
+    if tasks is None:
+        tasks, held_out = load_training_tasks(config)
+    tasks, held_out = list(tasks), list(held_out or [])
+    if not tasks:
+        raise ValueError("spec.tasks: no training tasks")
+    if world_model is None and mode is not Mode.REAL:
+        world_model = build_world_model_from_config(config)
+        owned.append(world_model)
+    if dispatcher is None and mode is not Mode.WORLD_MODEL:
+        dispatcher = build_dispatcher(config)
+        owned.append(dispatcher)
+    if calibration is None and mode is Mode.WMRL:
+        calibration = build_calibration(config)
+        owned.append(calibration)
+    selector = None
+    if mode is Mode.WMRL:
+        a = alg.anchors
+        selector = AnchorSelector(a.fraction, a.min_per_step, a.max_concurrent, alg.seed)
+    model, tokenizer = policy if policy is not None else load_policy(spec.policy.model)
+    _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / "initial-policy")
+
+    step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
+                    selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60,
+                    compile_gate=_compile_gate())
+    by_name = {t.name: t for t in tasks}
+    prompts = {t.name: make_prompt(t, tokenizer) for t in tasks}
+    names = step_rows(tasks, alg.groups_per_step, alg.steps, alg.seed)
+    dataset = Dataset.from_list([{"prompt": prompts[n], "task": n} for n in names])
+    use_cuda = torch.cuda.is_available()
+    if spec.policy.rollout_engine == "vllm" and not use_cuda:
+        log.warning("spec.policy.rolloutEngine is vllm but there is no GPU: generating with transformers")
+    grpo = WMRLGRPOTrainer(
+        model=model, args=grpo_args(config, str(Path(config.runtime.checkpoint_dir) / "trl"), use_cuda),
+        train_dataset=dataset, processing_class=tokenizer, wmrl_step=step, tasks=by_name,
+    )
+    from transformers.trainer_callback import PrinterCallback
+
+    grpo.remove_callback(PrinterCallback)  # our own one-JSON-line-per-step log replaces it
+
+    patcher = StatusPatcher(config.metadata.name, config.metadata.namespace) if config.runtime.patch_status else None
+    metrics = TrainerMetrics(config.runtime.metrics_port) if config.runtime.metrics_port is not None else None
+    reporter = ProgressReporter(Totals(), alg.steps, patcher, metrics)
+    return WMRLTrainer(config, grpo, step, tasks=tasks, held_out=held_out, reporter=reporter,
+                       callbacks=callbacks, owned=owned)
+
+
+# ---------------------------------------------------------------- CLI
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="the rendered run config (run.yaml from the ConfigMap)")
+    parser.add_argument("--world-model", metavar="MODULE:FACTORY",
+                        help="use your own world model: FACTORY(world_model_spec, runtime) -> WorldModel")
+    parser.add_argument("--summary", metavar="PATH", help="write the run summary JSON here as well")
+
+
+def _factory(ref: str) -> Callable[..., Any]:
+    import importlib
+
+    module, _, name = ref.partition(":")
+    if not module or not name:
+        raise ValueError(f"--world-model must be MODULE:FACTORY, got {ref!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    logging.basicConfig(level=os.environ.get("WMRL_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_run_config(args.config)
+        world_model = _factory(args.world_model)(config.spec.world_model, config.runtime) if args.world_model else None
+    except (OSError, ValueError, ValidationError) as exc:
+        print(f"wmrl train: {exc}", file=sys.stderr)
+        return 2
+    trainer = build_trainer(config, world_model=world_model)
+    signal.signal(signal.SIGTERM, trainer.request_stop)
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    text = json.dumps({"event": "summary", **summary}, default=float)
+    print(text, flush=True)
+    if args.summary:
+        Path(args.summary).write_text(text)
+    return 0 if trainer.finished else EXIT_PREEMPTED
