@@ -104,13 +104,11 @@ ROOT_RULES: list[dict[str, str]] = [
         # stay valid DNS-1035 labels (63 characters) for Services.
         "rule": "self.metadata.name.size() <= 50",
         "message": "metadata.name must be at most 50 characters (child object names append suffixes)",
-        "fieldPath": ".metadata.name",
         "reason": "FieldValueInvalid",
     },
     {
         "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
         "message": "metadata.name must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter)",
-        "fieldPath": ".metadata.name",
         "reason": "FieldValueInvalid",
     },
 ] + [_identity_rule(path, label) for path, label in IDENTITY_FIELDS]
@@ -156,7 +154,8 @@ def _structural(node: dict[str, Any], defaults: bool) -> dict[str, Any]:
         props = {}
         for name, sub in node["properties"].items():
             sub = _structural(sub, defaults)
-            if defaults and sub.get("type") == "object" and "properties" in sub and "default" not in sub:
+            required = name in node.get("required", ())
+            if defaults and not required and sub.get("type") == "object" and "properties" in sub and "default" not in sub:
                 sub["default"] = {}
             props[name] = sub
         node["properties"] = props

@@ -299,6 +299,9 @@ class WMRLRunStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: Optional[int] = None
     restarts: int = 0
+    last_failed_trainer: Optional[str] = Field(
+        None, description="UID of the last failed trainer Job already counted in restarts (keeps restarts exactly-once)."
+    )
     start_time: Optional[str] = None
     completion_time: Optional[str] = None
     progress: Optional[Progress] = None
