@@ -99,7 +99,10 @@ def binaries() -> Dict[str, Path]:
 
 
 def build() -> None:
-    """Build missing binaries (no-op when everything is cached)."""
+    """Build missing binaries (no-op when everything is cached, or when
+    WMRL_NO_BUILD=1, e.g. when the build runs elsewhere)."""
+    if os.environ.get("WMRL_NO_BUILD") == "1":
+        return
     if all(p.is_file() and os.access(p, os.X_OK) for p in binaries().values()):
         return
     # The build script logs to stderr; keep our stdout clean.
@@ -420,7 +423,6 @@ spec:
             startedAt: {{{{ $start | Quote }}}}
             finishedAt: {{{{ $now | Quote }}}}
       {{{{ end }}}}
-{_POD_IPS}
       phase: {phase}
       startTime: {{{{ $start | Quote }}}}
 """
@@ -938,11 +940,11 @@ def up(state_dir=None, timeout: float = 120.0) -> Cluster:
     """Start (or reuse) the cluster; returns a Cluster with .kubeconfig."""
     p = _resolve(state_dir)
     ports = _ports()
-    build()
     with _locked(p):
         if _cluster_ready(p, ports):
             log(f"cluster already running in {p.root}")
             return _make_cluster(p, ports, started=False)
+        build()
         t0 = time.time()
         # anything half-running from an earlier attempt is restarted from scratch
         for comp in reversed(COMPONENTS):
