@@ -70,7 +70,7 @@ class Limits:
     memory_mb: int = 2048  # address space (RLIMIT_AS) when the request does not set memory_limit_MB
     max_memory_mb: int = 8192
     max_run_timeout: float = 600.0
-    nproc: int = 64  # processes of the execution's uid (root mode)
+    nproc: int = 64  # processes (threads) the execution may have
     file_size_mb: int = 256  # largest file the program may write (RLIMIT_FSIZE)
     nofile: int = 256
     max_output_bytes: int = 1 << 20  # per stream
@@ -383,11 +383,25 @@ def _child_env(workdir: str, marker: str) -> dict[str, str]:
     }
 
 
+def _tasks_of_uid(uid: int) -> int:
+    """Threads of ``uid`` now: what RLIMIT_NPROC counts against."""
+    total = 0
+    for pid in _processes_of_uid(uid):
+        try:
+            total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            pass
+    return total
+
+
 def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits: Limits,
                   memory_mb: int, run_timeout: float):
     """The function run in the forked child before exec (root work first, then dropping to ``uid``)."""
     cpu_seconds = int(math.ceil(run_timeout)) + 1
     address_space = memory_mb << 20
+    # RLIMIT_NPROC counts every thread of the real uid: the execution's own uid in root mode;
+    # otherwise the server's, so the execution gets its allowance on top of what runs now.
+    nproc = limits.nproc if uid is not None else _tasks_of_uid(os.getuid()) + limits.nproc
 
     def preexec() -> None:  # pragma: no cover - runs in the child
         if uid is not None:
@@ -411,8 +425,8 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb << 20, limits.file_size_mb << 20))
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         if uid is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.nproc, limits.nproc))
             _drop_to(uid)
 
     return preexec

@@ -22,15 +22,16 @@ class LocalServer:
     """A sandbox server process on ``host`` (127.0.0.1) with a free port; use as a context manager.
 
     ``work_root`` defaults to a fresh directory under the system temp dir (searchable by the
-    per-slot uids), removed on exit.
+    per-slot uids), removed on exit. ``prefix`` wraps the command (e.g. setpriv to run the
+    server as another user).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", slots: int = 1, args: tuple[str, ...] = (), env: Optional[dict] = None,
-                 work_root: Optional[str] = None, start_timeout: float = 30.0):
+                 work_root: Optional[str] = None, start_timeout: float = 30.0, prefix: tuple[str, ...] = ()):
         self._own_root = work_root is None
         self.work_root = work_root or tempfile.mkdtemp(prefix="wmrl-sandbox-")
         os.chmod(self.work_root, 0o711)
-        cmd = [sys.executable, "-m", "wmrl.cli", "sandbox", "serve", "--host", host, "--port", "0",
+        cmd = [*prefix, sys.executable, "-m", "wmrl.cli", "sandbox", "serve", "--host", host, "--port", "0",
                "--slots", str(slots), "--work-root", self.work_root, *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})

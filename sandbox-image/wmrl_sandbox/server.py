@@ -246,7 +246,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-mb", type=int, default=d.memory_mb, help="address-space limit when a request sets none")
     parser.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb)
     parser.add_argument("--max-run-timeout", type=float, default=d.max_run_timeout)
-    parser.add_argument("--nproc", type=int, default=d.nproc, help="process limit per execution (root mode)")
+    parser.add_argument("--nproc", type=int, default=d.nproc, help="process/thread limit per execution")
     parser.add_argument("--file-size-mb", type=int, default=d.file_size_mb)
     parser.add_argument("--max-output-bytes", type=int, default=d.max_output_bytes, help="per stream")
     parser.add_argument("--uid-base", type=int, default=62000, help="first uid of the per-slot uids (root mode)")
@@ -258,6 +258,8 @@ def main(args: argparse.Namespace) -> int:
     limits = Limits(memory_mb=args.memory_mb, max_memory_mb=args.max_memory_mb,
                     max_run_timeout=args.max_run_timeout, nproc=args.nproc, file_size_mb=args.file_size_mb,
                     max_output_bytes=args.max_output_bytes)
+    if os.environ.get("TMPDIR"):  # the image points it into /work, an emptyDir that starts empty
+        os.makedirs(os.environ["TMPDIR"], exist_ok=True)
     try:
         server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits,
                                max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base)

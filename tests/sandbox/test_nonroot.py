@@ -1,0 +1,77 @@
+"""The server as a non-root user (the image's default): the layers that need no privilege still hold.
+
+Started with setpriv as an unprivileged uid. No per-execution uid or namespaces here; the
+process limit, the marker-based cleanup, the scrubbed environment and the limits remain.
+"""
+
+import os
+import shutil
+
+import httpx
+import pytest
+
+from sandbox_helpers import SECRET, run
+from wmrl_sandbox.local import LocalServer
+
+SERVER_UID = 61999
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                                reason="needs root and setpriv to start the server as another user")
+
+
+@pytest.fixture(scope="module")
+def nonroot(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nonroot-work")
+    for d in (root.parent, root.parent.parent):
+        os.chmod(d, 0o755)
+    os.chown(root, SERVER_UID, SERVER_UID)
+    # setpriv looks the venv's interpreter up with root's access (it lives under /root here), then
+    # runs as SERVER_UID; the server's children use the system interpreter, which that uid can run.
+    prefix = ("setpriv", "--reuid", str(SERVER_UID), "--regid", str(SERVER_UID), "--clear-groups")
+    with LocalServer(slots=1, work_root=str(root), prefix=prefix, env={"WMRL_TEST_SECRET": SECRET},
+                     args=("--nproc", "32", "--memory-mb", "512", "--python", "/usr/bin/python3")) as srv:
+        yield srv
+
+
+def marker_processes() -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if b"WMRL_SANDBOX_EXECUTION=" in fh.read():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def test_nonroot_mode_is_reported(nonroot):
+    health = nonroot.healthz()
+    assert health["isolation"] == {"uid_per_slot": False, "network_namespace": False, "mount_namespace": False}
+    assert health["uids"] == []
+
+
+def test_nonroot_runs_scrubbed_and_limited(nonroot):
+    res = run(nonroot, "import os\nprint(os.getuid(), sorted(k for k in os.environ if 'SECRET' in k))")
+    assert res["status"] == "Success" and res["run_result"]["stdout"] == f"{SERVER_UID} []\n"
+
+
+def test_nonroot_daemon_and_fork_bomb_are_cleaned_up(nonroot):
+    daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              "        time.sleep(60)\n    os._exit(0)\nprint('main exits')\n")
+    assert run(nonroot, daemon)["status"] == "Success"
+    assert marker_processes() == []
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    assert run(nonroot, bomb, run_timeout=1.5)["run_result"]["status"] == "TimeLimitExceeded"
+    assert marker_processes() == []
+    assert nonroot.healthz()["busy"] == 0
+    assert os.listdir(nonroot.work_root) == []
+    assert run(nonroot, "print('next')")["run_result"]["stdout"] == "next\n"
+
+
+def test_nonroot_timeout_and_memory(nonroot):
+    assert run(nonroot, "while True: pass", run_timeout=1)["run_result"]["status"] == "TimeLimitExceeded"
+    res = run(nonroot, "x = bytearray(10**10)")
+    assert "MemoryError" in res["run_result"]["stderr"]
+    assert httpx.get(f"{nonroot.url}/healthz").status_code == 200
