@@ -1,0 +1,466 @@
+"""Pure functions: a validated WMRLRun -> the Kubernetes objects that realise it.
+
+No I/O here; the handlers decide *when* to apply, these decide *what*. Names, labels and
+ports are the contract in the brief (``<run>-config``, ``<run>-trainer``, ``<run>-sandbox``,
+``<run>-world-model``, ``<calibration>``/``<calibration>-state``).
+
+Which children exist depends on the mode:
+
+- ``wmrl``: trainer, sandbox pool, calibration, world model (when served by the operator);
+- ``worldModel``: trainer, sandbox pool (held-out evaluation runs real code), world model;
+- ``real``: trainer and sandbox pool only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from wmrl.api.runconfig import (
+    CALIBRATION_PORT,
+    CONFIG_KEY,
+    SANDBOX_PORT,
+    TRAINER_METRICS_PORT,
+    WORLD_MODEL_PORT,
+    RunConfig,
+    RunMetadata,
+    Runtime,
+)
+from wmrl.calibration.state import CalibrationConfig
+from wmrl.api.schema import API_VERSION, KIND, Mode, Resources, WMRLRunSpec
+
+RUN_LABEL = "wmrl.dev/run"
+CALIBRATION_LABEL = "wmrl.dev/calibration"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "wmrl-operator"}
+CONFIG_MOUNT = "/etc/wmrl"
+TASKS_MOUNT = "/tasks"
+WORK_DIR = "/work"
+DEFAULT_OPERATOR_IMAGE = "ghcr.io/wmrl/operator:0.1.0"
+MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Run:
+    """The identity of a WMRLRun object (what owner references and names need)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Run":
+        meta = body["metadata"]
+        return cls(meta["name"], meta["namespace"], meta.get("uid", ""))
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything besides the spec that decides the objects (computed by the handlers)."""
+
+    suspended: bool = False
+    finished: bool = False
+    sandbox_replicas: Optional[int] = None  # None: spec.sandbox.minReplicas
+    job_deadline_seconds: Optional[int] = None  # remaining run deadline for the trainer Job
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
+
+
+# ---------------------------------------------------------------- names
+
+
+def config_name(run: Run) -> str:
+    return f"{run.name}-config"
+
+
+def trainer_name(run: Run) -> str:
+    return f"{run.name}-trainer"
+
+
+def sandbox_name(run: Run) -> str:
+    return f"{run.name}-sandbox"
+
+
+def world_model_name(run: Run) -> str:
+    return f"{run.name}-world-model"
+
+
+def calibration_name(run: Run, spec: WMRLRunSpec) -> str:
+    return spec.calibration.name or f"{run.name}-calibration"
+
+
+def calibration_shared(spec: WMRLRunSpec) -> bool:
+    return bool(spec.calibration.name)
+
+
+def needs_calibration(spec: WMRLRunSpec) -> bool:
+    return spec.mode == Mode.WMRL
+
+
+def serves_world_model(spec: WMRLRunSpec) -> bool:
+    return spec.mode != Mode.REAL and spec.world_model.backend == "llm" and not spec.world_model.endpoint
+
+
+# ---------------------------------------------------------------- metadata helpers
+
+
+def labels(run: Run, component: str) -> dict[str, str]:
+    return {RUN_LABEL: run.name, **MANAGED_BY, COMPONENT_LABEL: component}
+
+
+def owner_reference(run: Run) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": run.name, "uid": run.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _meta(run: Run, name: str, component: str, owned: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": run.namespace, "labels": labels(run, component)}
+    if owned:
+        meta["ownerReferences"] = [owner_reference(run)]
+    return meta
+
+
+def _resources(res: Resources, gpus: int = 0) -> dict[str, Any]:
+    requests = dict(res.requests)
+    limits = dict(res.limits)
+    if gpus > 0:  # extended resources: request == limit
+        requests["nvidia.com/gpu"] = str(gpus)
+        limits["nvidia.com/gpu"] = str(gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _service(meta: dict[str, Any], selector: dict[str, str], port: int, port_name: str, headless: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selector": selector, "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}]}
+    if headless:
+        spec["clusterIP"] = "None"
+        spec["publishNotReadyAddresses"] = False
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
+
+
+# ---------------------------------------------------------------- runtime + config
+
+
+def runtime(run: Run, spec: WMRLRunSpec) -> Runtime:
+    if spec.world_model.endpoint:
+        wm_url: Optional[str] = spec.world_model.endpoint
+    elif serves_world_model(spec):
+        wm_url = f"http://{world_model_name(run)}.{run.namespace}.svc:{WORLD_MODEL_PORT}/v1"
+    else:
+        wm_url = None
+    tasks = spec.tasks
+    return Runtime(
+        calibration_url=(f"http://{calibration_name(run, spec)}.{run.namespace}.svc:{CALIBRATION_PORT}"
+                         if needs_calibration(spec) else None),
+        sandbox_service=sandbox_name(run),
+        sandbox_port=SANDBOX_PORT,
+        world_model_url=wm_url,
+        checkpoint_dir=spec.trainer.checkpoint.path,
+        tasks_dir=TASKS_MOUNT if (tasks.pvc or tasks.config_map) else None,
+        patch_status=True,
+        metrics_port=TRAINER_METRICS_PORT,
+    )
+
+
+def run_config(run: Run, spec: WMRLRunSpec) -> RunConfig:
+    return RunConfig(metadata=RunMetadata(name=run.name, namespace=run.namespace, uid=run.uid or None),
+                     spec=spec, runtime=runtime(run, spec))
+
+
+def config_map(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(run, config_name(run), "trainer"),
+            "data": {CONFIG_KEY: run_config(run, spec).to_yaml()}}
+
+
+# ---------------------------------------------------------------- trainer
+
+
+def trainer_rbac(run: Run) -> list[dict[str, Any]]:
+    """ServiceAccount + Role + RoleBinding: patch this run's status, discover sandbox pods, read its config."""
+    name = trainer_name(run)
+    rules = [
+        {"apiGroups": ["wmrl.dev"], "resources": ["wmrlruns"], "resourceNames": [run.name], "verbs": ["get"]},
+        {"apiGroups": ["wmrl.dev"], "resources": ["wmrlruns/status"], "resourceNames": [run.name], "verbs": ["get", "patch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [config_name(run)], "verbs": ["get"]},
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(run, name, "trainer")},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(run, name, "trainer"), "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(run, name, "trainer"),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": run.namespace}]},
+    ]
+
+
+def _trainer_volumes(run: Run, spec: WMRLRunSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    ckpt = spec.trainer.checkpoint
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_name(run)}},
+        {"name": "checkpoints", **({"persistentVolumeClaim": {"claimName": ckpt.claim_name}} if ckpt.claim_name else {"emptyDir": {}})},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "checkpoints", "mountPath": ckpt.path},
+    ]
+    if spec.tasks.pvc:
+        volumes.append({"name": "tasks", "persistentVolumeClaim": {"claimName": spec.tasks.pvc, "readOnly": True}})
+        mounts.append({"name": "tasks", "mountPath": TASKS_MOUNT, "readOnly": True})
+    elif spec.tasks.config_map:
+        volumes.append({"name": "tasks", "configMap": {"name": spec.tasks.config_map}})
+        mounts.append({"name": "tasks", "mountPath": TASKS_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
+    """The trainer Job. backoffLimit 0: the operator restarts failed trainers itself (resuming
+    from the checkpoint) so that restarts are counted per run, across Job incarnations."""
+    t = spec.trainer
+    name = trainer_name(run)
+    pod_labels = labels(run, "trainer")
+    volumes, mounts = _trainer_volumes(run, spec)
+    env = [
+        {"name": "WMRL_RUN", "value": run.name},
+        {"name": "WMRL_NAMESPACE", "value": run.namespace},
+        {"name": "WMRL_NODES", "value": str(t.nodes)},
+    ]
+    if t.nodes > 1:
+        env += [{"name": "MASTER_ADDR", "value": f"{name}-0.{name}"}, {"name": "MASTER_PORT", "value": str(MASTER_PORT)}]
+    ports = [{"name": "metrics", "containerPort": TRAINER_METRICS_PORT}]
+    if t.nodes > 1:
+        ports.append({"name": "dist", "containerPort": MASTER_PORT})
+    container = {
+        "name": "trainer",
+        "image": t.image,
+        "imagePullPolicy": t.image_pull_policy,
+        "command": ["wmrl", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
+        "env": env,
+        "ports": ports,
+        "volumeMounts": mounts,
+    }
+    res = _resources(t.resources, t.gpus_per_node)
+    if res:
+        container["resources"] = res
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": name,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if t.node_selector:
+        pod_spec["nodeSelector"] = dict(t.node_selector)
+    if t.tolerations:
+        pod_spec["tolerations"] = [tol.to_wire() for tol in t.tolerations]
+    if t.nodes > 1:
+        pod_spec["subdomain"] = name
+    job_spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        "completions": t.nodes,
+        "parallelism": t.nodes,
+        "suspend": bool(opts.suspended),
+        "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+    }
+    if t.nodes > 1:
+        job_spec["completionMode"] = "Indexed"
+    if opts.job_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = max(1, int(opts.job_deadline_seconds))
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(run, name, "trainer"), "spec": job_spec}
+
+
+def trainer_service(run: Run) -> dict[str, Any]:
+    """Headless Service giving Indexed Job pods stable DNS names (``<job>-<i>.<job>``)."""
+    return _service(_meta(run, trainer_name(run), "trainer"), labels(run, "trainer"), MASTER_PORT, "dist", headless=True)
+
+
+# ---------------------------------------------------------------- sandbox pool
+
+
+def _hardened_security() -> tuple[dict[str, Any], dict[str, Any]]:
+    pod = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+           "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    return pod, container
+
+
+def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
+    s = spec.sandbox
+    pod_labels = labels(run, "sandbox")
+    pod_sec, container_sec = _hardened_security()
+    if opts.suspended or opts.finished:
+        replicas = 0
+    elif opts.sandbox_replicas is None:
+        replicas = s.min_replicas
+    else:
+        replicas = min(max(opts.sandbox_replicas, s.min_replicas), s.max_replicas)
+    container: dict[str, Any] = {
+        "name": "sandbox",
+        "image": s.image,
+        "imagePullPolicy": s.image_pull_policy,
+        "args": ["wmrl", "sandbox", "serve", "--port", str(SANDBOX_PORT)],
+        "env": [{"name": "WMRL_SANDBOX_SLOTS", "value": str(s.slots_per_pod)},
+                {"name": "WMRL_SANDBOX_TIMEOUT_SECONDS", "value": str(s.timeout_seconds)},
+                {"name": "WMRL_SANDBOX_WORK_DIR", "value": WORK_DIR}],
+        "ports": [{"name": "http", "containerPort": SANDBOX_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": SANDBOX_PORT}, "periodSeconds": 5},
+        "securityContext": container_sec,
+        "volumeMounts": [{"name": "work", "mountPath": WORK_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    res = _resources(s.resources)
+    if res:
+        container["resources"] = res
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_sec,
+        "containers": [container],
+        "volumes": [{"name": "work", "emptyDir": {"medium": "Memory"}}, {"name": "tmp", "emptyDir": {"medium": "Memory"}}],
+    }
+    if s.runtime_class_name:
+        pod_spec["runtimeClassName"] = s.runtime_class_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(run, sandbox_name(run), "sandbox"),
+        "spec": {"replicas": replicas, "selector": {"matchLabels": pod_labels},
+                 "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec}},
+    }
+
+
+def sandbox_service(run: Run) -> dict[str, Any]:
+    return _service(_meta(run, sandbox_name(run), "sandbox"), labels(run, "sandbox"), SANDBOX_PORT, "http", headless=True)
+
+
+def sandbox_network_policy(run: Run) -> dict[str, Any]:
+    """Ingress only from this run's trainer pods on the sandbox port; no egress at all."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(run, sandbox_name(run), "sandbox"),
+        "spec": {
+            "podSelector": {"matchLabels": labels(run, "sandbox")},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": labels(run, "trainer")}}],
+                         "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
+            "egress": [],
+        },
+    }
+
+
+# ---------------------------------------------------------------- world model (vLLM)
+
+
+def world_model_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
+    wm = spec.world_model
+    model = wm.model or spec.policy.model
+    pod_labels = labels(run, "world-model")
+    args = ["--model", model, "--served-model-name", model, "--host", "0.0.0.0", "--port", str(WORLD_MODEL_PORT)]
+    if wm.gpus_per_replica > 1:
+        args += ["--tensor-parallel-size", str(wm.gpus_per_replica)]
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": wm.image,
+        "args": args,
+        "ports": [{"name": "http", "containerPort": WORLD_MODEL_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": WORLD_MODEL_PORT}, "periodSeconds": 10},
+    }
+    res = _resources(wm.resources, wm.gpus_per_replica)
+    if res:
+        container["resources"] = res
+    replicas = 0 if (opts.suspended or opts.finished) else wm.replicas
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(run, world_model_name(run), "world-model"),
+        "spec": {"replicas": replicas, "selector": {"matchLabels": pod_labels},
+                 "template": {"metadata": {"labels": pod_labels},
+                              "spec": {"automountServiceAccountToken": False, "containers": [container]}}},
+    }
+
+
+def world_model_service(run: Run) -> dict[str, Any]:
+    return _service(_meta(run, world_model_name(run), "world-model"), labels(run, "world-model"),
+                    WORLD_MODEL_PORT, "http", headless=False)
+
+
+# ---------------------------------------------------------------- calibration service
+
+
+def _calibration_meta(run: Run, spec: WMRLRunSpec, name: str) -> dict[str, Any]:
+    """A run's own calibration is owned and run-labelled; a shared one belongs to no run."""
+    cname = calibration_name(run, spec)
+    if calibration_shared(spec):
+        return {"name": name, "namespace": run.namespace,
+                "labels": {CALIBRATION_LABEL: cname, **MANAGED_BY, COMPONENT_LABEL: "calibration"}}
+    meta = _meta(run, name, "calibration")
+    meta["labels"][CALIBRATION_LABEL] = cname
+    return meta
+
+
+def calibration_config(spec: WMRLRunSpec) -> dict[str, Any]:
+    """The debiasing/denoising knobs for the calibration service (env ``WMRL_CALIBRATION_CONFIG``,
+    the JSON of ``wmrl.calibration.state.CalibrationConfig``)."""
+    return CalibrationConfig.from_spec(spec.algorithm).to_json()
+
+
+def calibration_objects(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> list[dict[str, Any]]:
+    """State ConfigMap (no ``data``: the service owns it) + SA/Role/RoleBinding + Deployment + Service."""
+    c = calibration_name(run, spec)
+    state = f"{c}-state"
+    selector = {CALIBRATION_LABEL: c, COMPONENT_LABEL: "calibration"}
+    args = ["wmrl", "calibration", "serve", "--configmap", f"{run.namespace}/{state}", "--port", str(CALIBRATION_PORT)]
+    pod_sec, container_sec = _hardened_security()
+    container = {
+        "name": "calibration",
+        "image": spec.calibration.image or opts.operator_image,
+        "args": args,
+        "env": [{"name": "WMRL_CALIBRATION_CONFIG", "value": json.dumps(calibration_config(spec), sort_keys=True)}],
+        "ports": [{"name": "http", "containerPort": CALIBRATION_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": CALIBRATION_PORT}, "periodSeconds": 5},
+        "securityContext": container_sec,
+    }
+    deployment_labels = {**_calibration_meta(run, spec, c)["labels"], **selector}
+    return [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _calibration_meta(run, spec, state)},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _calibration_meta(run, spec, c)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _calibration_meta(run, spec, c),
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [state],
+                    "verbs": ["get", "update", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _calibration_meta(run, spec, c),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": c},
+         "subjects": [{"kind": "ServiceAccount", "name": c, "namespace": run.namespace}]},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _calibration_meta(run, spec, c),
+         "spec": {"replicas": 1, "selector": {"matchLabels": selector},
+                  "template": {"metadata": {"labels": deployment_labels},
+                               "spec": {"serviceAccountName": c, "securityContext": pod_sec, "containers": [container]}}}},
+        _service(_calibration_meta(run, spec, c), selector, CALIBRATION_PORT, "http", headless=False),
+    ]
+
+
+# ---------------------------------------------------------------- everything
+
+
+def children(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> list[dict[str, Any]]:
+    """Every object of the run, in apply order (config and RBAC before the pods that use them).
+
+    The trainer Job is last so that, when it starts, its config, RBAC and services exist.
+    """
+    objs: list[dict[str, Any]] = [config_map(run, spec)]
+    objs += trainer_rbac(run)
+    if needs_calibration(spec):
+        objs += calibration_objects(run, spec, opts)
+    objs += [sandbox_network_policy(run), sandbox_service(run), sandbox_deployment(run, spec, opts)]
+    if serves_world_model(spec):
+        objs += [world_model_service(run), world_model_deployment(run, spec, opts)]
+    if spec.trainer.nodes > 1:
+        objs.append(trainer_service(run))
+    objs.append(trainer_job(run, spec, opts))
+    return objs
+
+
+def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return obj["apiVersion"], obj["kind"], obj["metadata"]["name"]

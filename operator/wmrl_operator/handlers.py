@@ -1,0 +1,170 @@
+"""Thin kopf handlers: every one of them hands over to ``Reconciler``.
+
+- WMRLRun create/update/resume -> full reconcile (re-apply every child);
+- trainer Job events (label ``wmrl.dev/run``) -> status reconcile of the owning run;
+- WMRLRun events keep the set of known runs for the periodic resync loop, which handles
+  deadlines, TTL, missed events and the sandbox autoscaler, and refreshes status.calibration.
+
+The resync loop is a plain asyncio task rather than kopf timers: kopf timers put a finalizer on
+every run, and a run must stay deletable (children garbage-collected) when the operator is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import aiohttp
+import httpx
+import kopf
+from prometheus_client import Counter, Histogram
+
+from wmrl.api.schema import GROUP, PLURAL, VERSION, field_errors, parse_spec
+from wmrl_operator.builders import RUN_LABEL
+from wmrl_operator.kube import Kube
+from wmrl_operator.reconcile import Reconciler, Settings
+
+log = logging.getLogger("wmrl.operator")
+
+RECONCILES = Counter("wmrl_operator_reconciles_total", "Reconciliations by trigger and result", ["trigger", "result"])
+RECONCILE_SECONDS = Histogram("wmrl_operator_reconcile_seconds", "Time per reconciliation", ["trigger"])
+
+
+@dataclass
+class Config:
+    resync_interval: float = 10.0
+    calibration_interval: float = 30.0
+    settings: Settings = field(default_factory=Settings)
+    webhook: bool = False
+
+
+def _temporary(exc: Exception) -> bool:
+    from wmrl_operator.kube import ApiError
+
+    if isinstance(exc, ApiError):
+        return exc.status in (409, 429) or exc.status >= 500
+    return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, OSError))
+
+
+async def _run(trigger: str, coro) -> None:
+    start = time.perf_counter()
+    try:
+        await coro
+    except Exception as exc:
+        RECONCILES.labels(trigger, "error").inc()
+        if _temporary(exc):
+            raise kopf.TemporaryError(f"{trigger}: {exc}", delay=2) from exc
+        raise
+    else:
+        RECONCILES.labels(trigger, "ok").inc()
+    finally:
+        RECONCILE_SECONDS.labels(trigger).observe(time.perf_counter() - start)
+
+
+def _post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    try:
+        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+    except Exception:  # events are best-effort; never fail a reconcile on them
+        log.debug("event not posted", exc_info=True)
+
+
+async def _fetch_calibration(url: str, timeout: float) -> Optional[dict[str, Any]]:
+    """GET /v1/calibration; None when unreachable (e.g. the operator runs outside the cluster)."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            resp = await client.get(url)
+        if resp.status_code != 200:
+            return None
+        data = resp.json()
+        return data if isinstance(data, dict) else None
+    except (httpx.HTTPError, ValueError, OSError):
+        return None
+
+
+def register(registry: kopf.OperatorRegistry, config: Config) -> None:
+    """Attach the handlers to ``registry`` (a fresh one per operator, so tests can run several)."""
+    known: set[tuple[str, str]] = set()
+    state: dict[str, Any] = {}
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Optional[kopf.ConnectionInfo]:
+        """In-cluster service account, else the kubeconfig (KUBECONFIG) — as the Kube client does."""
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(**_: Any) -> None:
+        kube = Kube()
+        timeout = config.settings.calibration_timeout
+        reconciler = Reconciler(kube, config.settings, events=_post_event,
+                                fetch_calibration=lambda url: _fetch_calibration(url, timeout))
+        state["kube"], state["reconciler"] = kube, reconciler
+        state["loop"] = asyncio.create_task(_resync_loop(reconciler, known, config))
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        task = state.pop("loop", None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        kube = state.pop("kube", None)
+        if kube is not None:
+            await kube.close()
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
+    async def run_changed(namespace: str, name: str, **_: Any) -> None:
+        known.add((namespace, name))
+        await _run("spec", state["reconciler"].reconcile(namespace, name, apply_children=True))
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def run_event(type: Optional[str], namespace: str, name: str, **_: Any) -> None:
+        if type == "DELETED":
+            known.discard((namespace, name))
+            state["reconciler"].forget(namespace, name)
+        else:
+            known.add((namespace, name))
+
+    @kopf.on.event("batch", "v1", "jobs", labels={RUN_LABEL: kopf.PRESENT}, registry=registry)
+    async def job_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+        run = labels.get(RUN_LABEL)
+        if run:
+            try:
+                await _run("job", state["reconciler"].reconcile(namespace, run, apply_children=False))
+            except kopf.TemporaryError as exc:  # event handlers are not retried: the resync loop catches up
+                log.warning("job event reconcile failed: %s", exc, extra={"run": run, "namespace": namespace})
+
+    if config.webhook:
+        @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", registry=registry)
+        def validate(spec: Any, **_: Any) -> None:
+            """The same pydantic validation as the reconciler, at admission time."""
+            try:
+                parse_spec(dict(spec))
+            except Exception as exc:
+                raise kopf.AdmissionError("; ".join(field_errors(exc)), code=422)
+
+
+async def _resync_loop(reconciler: Reconciler, known: set[tuple[str, str]], config: Config) -> None:
+    """Every ``resync_interval``: housekeeping of each known run; calibration every ``calibration_interval``."""
+    last_calibration = 0.0
+    limit = asyncio.Semaphore(16)
+
+    async def one(key: tuple[str, str], calibration: bool) -> None:
+        async with limit:
+            try:
+                await reconciler.housekeeping(*key)
+                if calibration:
+                    await reconciler.refresh_calibration(*key)
+            except Exception as exc:  # keep the loop alive; the next pass retries
+                RECONCILES.labels("resync", "error").inc()
+                log.warning("resync failed: %s", exc, extra={"namespace": key[0], "run": key[1]})
+
+    while True:
+        await asyncio.sleep(config.resync_interval)
+        calibration = time.monotonic() - last_calibration >= config.calibration_interval
+        if calibration:
+            last_calibration = time.monotonic()
+        await asyncio.gather(*(one(key, calibration) for key in sorted(known)))

@@ -1,0 +1,313 @@
+"""Level-triggered reconciliation of one WMRLRun: read the run and its trainer Job, converge.
+
+Every entry point (kopf create/update/resume, trainer Job events, timers) ends here, under a
+per-run lock, and always starts from a fresh GET of the run, so a stale event body can never
+double-count a restart. Children have fixed names and are written with server-side apply:
+re-running any step (say, after the operator was SIGKILLed half-way) converges to the same
+objects and never duplicates them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Optional
+
+from pydantic import ValidationError
+
+from wmrl.api.runconfig import CALIBRATION_PORT
+from wmrl.api.schema import API_VERSION, KIND, Phase, WMRLRunSpec, field_errors, parse_spec
+from wmrl_operator import builders, status as st
+from wmrl_operator.autoscaler import Recommendations, demand_of
+from wmrl_operator.kube import ApiError, Kube
+
+log = logging.getLogger("wmrl.operator")
+
+EventSink = Callable[[dict[str, Any], str, str, str], None]
+"""(run body, type Normal|Warning, reason, message) -> posts a Kubernetes Event."""
+
+CalibrationFetch = Callable[[str], Awaitable[Optional[dict[str, Any]]]]
+
+
+@dataclass
+class Settings:
+    operator_image: str = builders.DEFAULT_OPERATOR_IMAGE
+    calibration_timeout: float = 1.0
+
+
+def _no_events(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    return None
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: Settings = Settings(), events: EventSink = _no_events,
+                 fetch_calibration: Optional[CalibrationFetch] = None):
+        self.kube = kube
+        self.settings = settings
+        self.events = events
+        self.fetch_calibration = fetch_calibration
+        self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.recommendations = Recommendations()
+
+    # ------------------------------------------------------------ entry points
+
+    async def reconcile(self, namespace: str, name: str, apply_children: bool = True) -> None:
+        """Converge run ``namespace/name``; ``apply_children`` re-applies every child (spec events)."""
+        async with self.locks[(namespace, name)]:
+            body = await self._get_run(namespace, name)
+            if body is None:
+                return
+            await self._reconcile(body, apply_children)
+
+    async def housekeeping(self, namespace: str, name: str) -> None:
+        """Periodic: deadline, TTL, sandbox autoscaling (cheap when nothing changes)."""
+        async with self.locks[(namespace, name)]:
+            body = await self._get_run(namespace, name)
+            if body is None:
+                return
+            status = body.get("status") or {}
+            try:
+                spec = parse_spec(body.get("spec") or {})
+            except ValidationError:
+                return
+            now = dt.datetime.now(dt.timezone.utc)
+            if st.is_finished(status):
+                if st.ttl_expired(status.get("completionTime"), spec.ttl_seconds_after_finished, now):
+                    await self._delete_run(body)
+                return
+            # Level-triggered catch-up: deadlines, and anything a lost watch event left behind.
+            await self._reconcile(body, apply_children=False)
+            body = await self._get_run(namespace, name)
+            status = (body or {}).get("status") or {}
+            if body is not None and status.get("phase") and not st.is_finished(status):
+                await self._autoscale(body, spec, status)
+
+    async def refresh_calibration(self, namespace: str, name: str) -> None:
+        """Copy the calibration service's pairs/reduction/weight into status.calibration (fails soft)."""
+        if self.fetch_calibration is None:
+            return
+        body = await self._get_run(namespace, name)
+        if body is None:
+            return
+        try:
+            spec = parse_spec(body.get("spec") or {})
+        except ValidationError:
+            return
+        if not builders.needs_calibration(spec):
+            return
+        run = builders.Run.from_body(body)
+        cname = builders.calibration_name(run, spec)
+        view = await self.fetch_calibration(f"http://{cname}.{namespace}.svc:{CALIBRATION_PORT}/v1/calibration")
+        summary: dict[str, Any] = {"name": cname}
+        if view is not None:
+            bias = view.get("bias") or {}
+            summary.update({"pairs": int(view.get("pairs") or 0), "reduction": bias.get("reduction"),
+                            "weight": view.get("weight")})
+        old = (body.get("status") or {}).get("calibration")
+        if view is None and old and old.get("name") == cname:
+            return  # unreachable: keep the last known figures
+        if old != summary:
+            await self._patch_status(body, {"calibration": summary})
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.recommendations.forget((namespace, name))
+        self.locks.pop((namespace, name), None)
+
+    # ------------------------------------------------------------ core
+
+    async def _reconcile(self, body: dict[str, Any], apply_children: bool) -> None:
+        run = builders.Run.from_body(body)
+        status = body.get("status") or {}
+        generation = body["metadata"].get("generation")
+        now = dt.datetime.now(dt.timezone.utc)
+        now_s = st.now_iso(now)
+
+        try:
+            spec = parse_spec(body.get("spec") or {})
+        except ValidationError as exc:
+            message = "; ".join(field_errors(exc))
+            patch = st.status_patch(status, Phase.FAILED.value, st.INVALID_SPEC, message, generation, now_s)
+            await self._transition(body, status, patch, "Warning", st.INVALID_SPEC, message)
+            return
+
+        if st.is_finished(status):
+            return
+
+        job = await self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))
+        js = st.job_state(job)
+        restarts = int(status.get("restarts") or 0)
+        start_time = status.get("startTime")
+
+        if st.deadline_exceeded(start_time, spec.active_deadline_seconds, now) or (
+                js.state == "failed" and js.reason == st.DEADLINE):
+            message = f"the run exceeded spec.activeDeadlineSeconds ({spec.active_deadline_seconds} s)"
+            await self._finish(body, run, spec, status, Phase.FAILED.value, st.DEADLINE, message, now_s,
+                               job_to_delete=job)
+            return
+
+        if js.state == "failed":
+            if js.uid != status.get("lastFailedTrainer"):
+                if restarts >= spec.failure_policy.max_restarts:
+                    message = (f"the trainer failed {restarts + 1} times (spec.failurePolicy.maxRestarts is "
+                               f"{spec.failure_policy.max_restarts}); last failure: {js.reason}: {js.message}".rstrip(": "))
+                    await self._finish(body, run, spec, status, Phase.FAILED.value, st.MAX_RESTARTS, message, now_s)
+                    return
+                restarts += 1
+                message = f"trainer Job failed ({js.reason}); restart {restarts} of {spec.failure_policy.max_restarts}, resuming from checkpoint"
+                patch = st.status_patch(status, Phase.PENDING.value, "Restarting", message, generation, now_s,
+                                        restarts=restarts, lastFailedTrainer=js.uid)
+                status = await self._transition(body, status, patch, "Warning", "TrainerRestarted", message)
+            await self.kube.delete("batch/v1", "Job", run.namespace, builders.trainer_name(run), uid=js.uid)
+            job, js = None, st.JobState("absent")
+
+        if js.state == "succeeded":
+            await self._finish(body, run, spec, status, Phase.SUCCEEDED.value, "TrainerCompleted",
+                               "the trainer Job completed", js.completion_time or now_s)
+            return
+
+        if start_time is None and not spec.suspend:
+            start_time = now_s
+        if apply_children or js.state == "absent":
+            await self._apply_children(run, spec, start_time, now, job_exists=job is not None)
+        if job is not None and bool((job.get("spec") or {}).get("suspend")) != spec.suspend:
+            job = await self.kube.merge_patch("batch/v1", "Job", run.namespace, builders.trainer_name(run),
+                                              {"spec": {"suspend": spec.suspend}})
+            js = st.job_state(job)
+
+        phase, reason, message = st.phase_from_job(js, spec.suspend)
+        if phase == Phase.PENDING.value and js.state == "absent" and status.get("phase") == Phase.PENDING.value:
+            reason, message = status_reason(status, reason, message)
+        fields: dict[str, Any] = {"restarts": restarts}
+        if start_time:
+            fields["startTime"] = start_time
+        patch = st.status_patch(status, phase, reason, message, generation, now_s, **fields)
+        await self._transition(body, status, patch, "Normal", reason, message)
+
+    async def _apply_children(self, run: builders.Run, spec: WMRLRunSpec, start_time: Optional[str],
+                              now: dt.datetime, job_exists: bool) -> None:
+        sandbox = await self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))
+        current = ((sandbox or {}).get("spec") or {}).get("replicas")
+        opts = builders.Options(
+            suspended=spec.suspend,
+            sandbox_replicas=current,
+            job_deadline_seconds=st.remaining_deadline(start_time, spec.active_deadline_seconds, now),
+            operator_image=self.settings.operator_image,
+        )
+        objs = builders.children(run, spec, opts)
+        job = [o for o in objs if o["kind"] == "Job"]
+        others = [o for o in objs if o["kind"] != "Job"]
+        # Independent objects in parallel; the Job last, once its SA, config and Services exist.
+        await asyncio.gather(*(self.kube.apply(o) for o in others))
+        if not job_exists:
+            try:
+                await self.kube.apply(job[0])
+            except ApiError as exc:
+                if exc.status != 409:  # the old incarnation still terminating: the next event retries
+                    raise
+
+    async def _finish(self, body: dict[str, Any], run: builders.Run, spec: WMRLRunSpec, status: dict[str, Any],
+                      phase: str, reason: str, message: str, completion_time: str,
+                      job_to_delete: Optional[dict[str, Any]] = None) -> None:
+        """Terminal transition: pools and world model to zero, Job stopped if the deadline passed."""
+        if job_to_delete is not None:
+            await self.kube.delete("batch/v1", "Job", run.namespace, builders.trainer_name(run),
+                                   uid=job_to_delete["metadata"].get("uid"))
+        opts = builders.Options(finished=True, operator_image=self.settings.operator_image)
+        scaled = [builders.sandbox_deployment(run, spec, opts)]
+        if builders.serves_world_model(spec):
+            scaled.append(builders.world_model_deployment(run, spec, opts))
+        for obj in scaled:
+            if await self.kube.get("apps/v1", "Deployment", run.namespace, obj["metadata"]["name"]) is not None:
+                await self.kube.merge_patch("apps/v1", "Deployment", run.namespace, obj["metadata"]["name"],
+                                            {"spec": {"replicas": 0}})
+        patch = st.status_patch(status, phase, reason, message, body["metadata"].get("generation"), st.now_iso(),
+                                completionTime=completion_time)
+        await self._transition(body, status, patch, "Warning" if phase == Phase.FAILED.value else "Normal",
+                               reason, message)
+        self.recommendations.forget((run.namespace, run.name))
+
+    async def _autoscale(self, body: dict[str, Any], spec: WMRLRunSpec, status: dict[str, Any]) -> None:
+        run = builders.Run.from_body(body)
+        dep = await self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))
+        if dep is None:
+            return
+        current = int((dep.get("spec") or {}).get("replicas") or 0)
+        s = spec.sandbox
+        desired = self.recommendations.decide((run.namespace, run.name), demand_of(status), s.slots_per_pod,
+                                              s.min_replicas, s.max_replicas, current, time.time(),
+                                              s.scale_down_stabilization_seconds, suspended=spec.suspend)
+        dstatus = dep.get("status") or {}
+        old = status.get("sandbox") or {}
+        new = {"replicas": int(dstatus.get("replicas") or 0), "readyReplicas": int(dstatus.get("readyReplicas") or 0),
+               "desiredReplicas": desired, "lastScaleTime": old.get("lastScaleTime")}
+        if desired != current:
+            await self.kube.merge_patch("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run),
+                                        {"spec": {"replicas": desired}})
+            new["lastScaleTime"] = st.now_iso()
+            log.info("sandbox scaled", extra={"run": run.name, "namespace": run.namespace, "from": current,
+                                               "to": desired, "demand": demand_of(status)})
+            self.events(body, "Normal", "SandboxScaled", f"sandbox pool scaled from {current} to {desired} "
+                                                         f"(demand {demand_of(status)})")
+        new = {k: v for k, v in new.items() if v is not None}
+        if old != new:
+            await self._patch_status(body, {"sandbox": new})
+
+    # ------------------------------------------------------------ I/O helpers
+
+    async def _get_run(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        body = await self.kube.get(API_VERSION, KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.recommendations.forget((namespace, name))
+            return None
+        return body
+
+    async def _patch_status(self, body: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        try:
+            result = await self.kube.merge_patch(API_VERSION, KIND, meta["namespace"], meta["name"],
+                                                 {"status": patch}, subresource="status")
+        except ApiError as exc:
+            if exc.status == 404:
+                return {**(body.get("status") or {}), **patch}
+            raise
+        return result.get("status") or {}
+
+    async def _transition(self, body: dict[str, Any], status: dict[str, Any], patch: dict[str, Any],
+                          event_type: str, reason: str, message: str) -> dict[str, Any]:
+        """Write the status if it changes; post an Event and a log line when the phase or reason moves."""
+        if not st.changed(status, patch):
+            return status
+        old_phase = status.get("phase")
+        old_reason = (st.get_condition(status, "Running") or {}).get("reason")
+        new_status = await self._patch_status(body, patch)
+        meta = body["metadata"]
+        if old_phase != patch.get("phase") or (old_reason != reason and patch.get("phase") != Phase.FAILED.value):
+            log.info("phase %s -> %s (%s)", old_phase, patch.get("phase"), reason,
+                     extra={"run": meta["name"], "namespace": meta["namespace"], "phase": patch.get("phase"),
+                            "reason": reason, "detail": message})
+            self.events(body, event_type, reason, message)
+        return new_status
+
+    async def _delete_run(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        log.info("ttlSecondsAfterFinished passed: deleting the run", extra={"run": meta["name"], "namespace": meta["namespace"]})
+        try:
+            await self.kube.request("DELETE", f"/apis/{API_VERSION}/namespaces/{meta['namespace']}/wmrlruns/{meta['name']}",
+                                    {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
+                                     "preconditions": {"uid": meta.get("uid")}})
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+        self.forget(meta["namespace"], meta["name"])
+
+
+def status_reason(status: dict[str, Any], reason: str, message: str) -> tuple[str, str]:
+    """Keep a 'Restarting' reason while the replacement Job is being created."""
+    running = st.get_condition(status, "Running") or {}
+    if running.get("reason") == "Restarting":
+        return running["reason"], running.get("message", message)
+    return reason, message
