@@ -1,0 +1,120 @@
+"""The two prompts of a WMRL run: the policy's task prompt and the world model's outcome prompt.
+
+The world-model prompt asks for the top-k outcome predictions as JSON matching
+:func:`outcome_json_schema` (the shared outcome schema of :mod:`wmrl.outcome`): a status
+on the reward ladder, the error type and line for failures, a quality bucket for valid
+runs (never a numeric score) and an imitation of the sandbox's output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wmrl.outcome import QualityBucket, Status
+from wmrl.tasks import Task
+
+SANDBOX_LIMITS = "Python 3 with numpy and scikit-learn only (no pandas, no internet), one CPU core, a few minutes"
+
+
+def _columns(task: Task) -> tuple[str, str]:
+    """The header lines of train.csv and test.csv, for the prompt (empty if the files are not CSV)."""
+    def header(name: str) -> str:
+        content = task.data.get(name, b"")
+        return content.split(b"\n", 1)[0].decode("utf-8", "replace").strip() if content else ""
+    return header("train.csv"), header("test.csv")
+
+
+def _contract(task: Task) -> str:
+    train, test = _columns(task)
+    files = "\n".join(f"- data/{name}" + (f" (columns: {h})" if h else "")
+                      for name, h in (("train.csv", train), ("test.csv", test)) if name in task.data)
+    others = sorted(set(task.data) - {"train.csv", "test.csv"})
+    files += "".join(f"\n- data/{name}" for name in others)
+    return (f"Files (relative to the working directory):\n{files}\n"
+            f"Write `{task.submission}` in the working directory with header `{task.id_column},{task.target}` "
+            f"and one row per test id.")
+
+
+def task_prompt(task: Task) -> str:
+    """The policy's prompt: the task, its data contract, and a request for one complete script."""
+    return (
+        f"You are competing in the machine-learning task '{task.name}' ({task.kind}).\n"
+        f"{task.description}\n\n"
+        f"{_contract(task)}\n"
+        f"Your script runs in a sandbox: {SANDBOX_LIMITS}. Read the CSV files with numpy.\n"
+        f"The score is {task.metric} on the hidden test labels; a better score ranks higher on the leaderboard.\n\n"
+        "Reply with one complete Python script in a single ```python code block."
+    )
+
+
+def outcome_json_schema(predictions: int = 2) -> dict[str, Any]:
+    """JSON schema of the world model's answer: 1..``predictions`` outcome predictions, most likely first."""
+    nullable = lambda schema: {"anyOf": [schema, {"type": "null"}]}  # noqa: E731
+    item = {
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "enum": [s.value for s in Status]},
+            "error_type": nullable({"type": "string"}),
+            "error_line": nullable({"type": "integer", "minimum": 0}),
+            "quality_bucket": nullable({"type": "string", "enum": [b.value for b in QualityBucket]}),
+            "env_feedback": {"type": "string"},
+        },
+        "required": ["status", "error_type", "error_line", "quality_bucket", "env_feedback"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {"predictions": {"type": "array", "items": item, "minItems": 1, "maxItems": predictions}},
+        "required": ["predictions"],
+        "additionalProperties": False,
+    }
+
+
+_WM_SYSTEM = (
+    "You simulate the execution environment of machine-learning competitions. Given a task and a "
+    "candidate solution script, predict what happens when the script runs in the sandbox and is graded. "
+    "Answer with JSON only."
+)
+
+_STATUS_GUIDE = """Statuses:
+- malformed: not a Python program, or cut off mid-way
+- syntax_err: Python cannot compile it (give error_type and error_line)
+- runtime_err: it starts but raises, or exceeds the limits (give error_type and error_line)
+- ran_no_sub: it finishes but writes no valid submission (missing file, wrong header, wrong ids)
+- valid: it writes a valid submission; give quality_bucket
+Quality buckets, relative to the reference leaderboard of the task:
+- low: no better than a trivial baseline
+- fair: works but below most reference solutions
+- mid: around the median reference solution
+- high: among the best reference solutions
+env_feedback imitates what the sandbox would print (stdout, a traceback, or the grader's note)."""
+
+
+def _numbered(code: str) -> str:
+    lines = code.splitlines() or [""]
+    width = len(str(len(lines)))
+    return "\n".join(f"{i:>{width}} | {line}" for i, line in enumerate(lines, start=1))
+
+
+def world_model_messages(task: Task, code: str, predictions: int = 2) -> list[dict[str, str]]:
+    """Chat messages asking for the top-``predictions`` outcome predictions of ``code`` on ``task``."""
+    board = sorted(task.leaderboard)
+    board_line = (f"Reference solutions score {task.metric} from {board[0]:.4g} to {board[-1]:.4g} "
+                  f"({'higher' if task.higher_is_better else 'lower'} is better).\n") if board else ""
+    user = (
+        f"Task '{task.name}' ({task.kind}): {task.description}\n"
+        f"{_contract(task)}\n"
+        f"Sandbox: {SANDBOX_LIMITS}.\n{board_line}\n"
+        f"Solution script (line numbers added for reference):\n```\n{_numbered(code)}\n```\n\n"
+        f"{_STATUS_GUIDE}\n\n"
+        f"Give your {predictions} most likely outcomes, most likely first, as JSON: "
+        '{"predictions": [{"status": ..., "error_type": ... or null, "error_line": ... or null, '
+        '"quality_bucket": ... or null, "env_feedback": ...}]}'
+    )
+    return [{"role": "system", "content": _WM_SYSTEM}, {"role": "user", "content": user}]
+
+
+def world_model_prompt(task: Task, code: str, predictions: int = 2) -> str:
+    """The same request as one plain-text prompt, for models without a chat template."""
+    messages = world_model_messages(task, code, predictions)
+    return "\n\n".join(m["content"] for m in messages) + "\n\nJSON answer:\n"

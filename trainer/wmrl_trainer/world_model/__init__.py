@@ -1,0 +1,40 @@
+"""World models: grade a rollout without running it (see ``docs/world-model.md``).
+
+Backends share one interface (:class:`WorldModel`) and the compile gate:
+
+* ``llm`` (the paper's): an OpenAI-compatible endpoint (vLLM), guided JSON, top-k predictions;
+* ``transformers``: the same prompt and parsing, generated in-process (CPU);
+* ``learned``: a biased static judge corrected online from anchor outcomes.
+
+Backends are imported lazily, so the llm backend never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from wmrl_trainer.world_model.base import GatedWorldModel, WorldModel, compile_gate
+
+__all__ = ["WorldModel", "GatedWorldModel", "compile_gate", "build_world_model"]
+
+
+def build_world_model(spec: Any, runtime: Any = None, policy_model: Optional[str] = None, seed: int = 0,
+                      **kwargs: Any) -> GatedWorldModel:
+    """The backend named by ``spec.backend`` (a :class:`wmrl.api.schema.WorldModelSpec`).
+
+    ``policy_model`` stands in for an empty ``spec.model`` (the paper uses the policy's base
+    model); ``kwargs`` go to the backend's constructor.
+    """
+    if spec.backend == "llm":
+        from wmrl_trainer.world_model.llm import LLMWorldModel
+
+        return LLMWorldModel.from_spec(spec, runtime, policy_model, **kwargs)
+    if spec.backend == "transformers":
+        from wmrl_trainer.world_model.transformers_backend import TransformersWorldModel
+
+        return TransformersWorldModel.from_spec(spec, runtime, policy_model, seed=seed, **kwargs)
+    if spec.backend == "learned":
+        from wmrl_trainer.world_model.learned import LearnedWorldModel
+
+        return LearnedWorldModel(seed=seed, **kwargs)
+    raise ValueError(f"spec.worldModel.backend: unknown backend {spec.backend!r}")
