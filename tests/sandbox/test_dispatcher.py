@@ -179,16 +179,16 @@ def test_endpointslice_discovery(k8s_cluster):
             endpoints = EndpointSliceEndpoints(ns, "r-sandbox", port=None, refresh_seconds=0.2,
                                                kubeconfig=str(k8s_cluster.kubeconfig))
             assert endpoints.urls() == [f"http://{ip}:{port}"]
-            with SandboxDispatcher(endpoints, timeout=20) as d:
+            with SandboxDispatcher(endpoints, timeout=20) as d:  # closing it closes the endpoints too
                 assert d.run("print('via slice')").result(timeout=60)["run_result"]["stdout"] == "via slice\n"
 
-            # The pod turns unready: the next refresh drops it.
-            discovery.patch_namespaced_endpoint_slice("r-sandbox-manual", ns, {"endpoints": [
-                {"addresses": [ip], "conditions": {"ready": False}}]})
-            deadline = time.monotonic() + 30
-            while endpoints.urls() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert endpoints.urls() == []
-            endpoints.close()
+                # The pod turns unready: the next refresh drops it.
+                discovery.patch_namespaced_endpoint_slice("r-sandbox-manual", ns, {"endpoints": [
+                    {"addresses": [ip], "conditions": {"ready": False}}]})
+                deadline = time.monotonic() + 30
+                while endpoints.urls() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert endpoints.urls() == []
+                assert d.demand == 0
     finally:
         core.delete_namespace(ns)
