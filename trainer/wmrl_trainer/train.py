@@ -155,6 +155,28 @@ def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool) -> Any:
     )
 
 
+def _calibration_state(calibration: Any) -> Optional[dict[str, Any]]:
+    """What to checkpoint of an in-process calibration (a shared service keeps its own state): None for a client."""
+    if hasattr(calibration, "state_dict"):
+        return calibration.state_dict()
+    state = getattr(calibration, "state", None)
+    if state is None or not hasattr(state, "to_json"):
+        return None
+    # LocalCalibration numbers its batches 1, 2, ...; the state remembers recent ids to drop retries, so the
+    # counter must survive a restart or the first batches after it would be taken for retries.
+    return {"state": state.to_json(), "batches": int(getattr(calibration, "_batches", 0))}
+
+
+def _load_calibration_state(calibration: Any, data: dict[str, Any]) -> None:
+    from wmrl.calibration.state import CalibrationState
+
+    if hasattr(calibration, "load_state_dict"):
+        calibration.load_state_dict(data)
+    elif getattr(calibration, "state", None) is not None:
+        calibration.state = CalibrationState.from_json(data["state"])
+        calibration._batches = int(data["batches"])
+
+
 # ---------------------------------------------------------------- the trainer
 
 class _Hook:
@@ -256,9 +278,9 @@ class WMRLTrainer:
         data: dict[str, Any] = {"step": self.grpo.state.global_step, "totals": self.reporter.totals.state_dict()}
         if step.selector is not None:
             data["selector"] = step.selector.state_dict()
-        local_state = getattr(step.calibration, "state", None)
-        if local_state is not None and hasattr(local_state, "to_json"):
-            data["calibration"] = local_state.to_json()
+        calibration = _calibration_state(step.calibration)
+        if calibration is not None:
+            data["calibration"] = calibration
         save_json(directory / WMRL_STATE, data)
         if hasattr(step.world_model, "state_dict"):
             torch.save(step.world_model.state_dict(), directory / WORLD_MODEL_STATE)
@@ -266,14 +288,13 @@ class WMRLTrainer:
     def _load_wmrl_state(self, directory: Path) -> None:
         import torch
 
-        from wmrl.calibration.state import CalibrationState
         from wmrl_trainer.checkpoint import WMRL_STATE, WORLD_MODEL_STATE, load_json
 
         data, step = load_json(directory / WMRL_STATE), self.step
         if "selector" in data and step.selector is not None:
             step.selector.load_state_dict(data["selector"])
-        if "calibration" in data and getattr(step.calibration, "state", None) is not None:
-            step.calibration.state = CalibrationState.from_json(data["calibration"])
+        if "calibration" in data:
+            _load_calibration_state(step.calibration, data["calibration"])
         self.reporter.totals.load_state_dict(data.get("totals", {}))
         wm_path = directory / WORLD_MODEL_STATE
         if wm_path.is_file() and hasattr(step.world_model, "load_state_dict"):

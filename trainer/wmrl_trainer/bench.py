@@ -1,0 +1,119 @@
+"""``wmrl bench trainer --json PATH``: seconds per training step split by phase, for each mode.
+
+Everything is real except the scale: the CPU demo policy (``builtin:tiny-coder``, real
+solution scripts), the bundled ``mini-ml`` tasks, a real sandbox server process on
+127.0.0.1 reached through the real dispatcher, the configured world-model backend
+(default ``learned``, the CPU one) and in-process calibration. Each mode trains
+``--steps`` TRL steps from the same starting policy; the first step (warm-up: lazy
+imports, allocator) is reported but left out of the means.
+
+Phases are what the trainer waited for (they add up to the step): generation, world
+model, execution (blocked on sandboxes after the world model finished), calibration,
+update (TRL's log-prob passes, loss, backward, optimizer). The figure of merit is
+``executionWaitFraction`` in mode ``wmrl``: the share of step time spent waiting on
+sandboxes (goal < 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PHASES = ("generation", "world_model", "execution", "calibration", "update", "total")
+MODES = ("real", "worldModel", "wmrl")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="write the results JSON here (always printed)")
+    parser.add_argument("--steps", type=int, default=4, help="TRL steps per mode (the first is warm-up)")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    parser.add_argument("--policy", default="builtin:tiny-coder")
+    parser.add_argument("--world-model", default="learned", choices=("learned", "transformers", "llm"))
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--groups", type=int, default=4, help="groups per step")
+    parser.add_argument("--anchor-fraction", type=float, default=0.25)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--sandbox-slots", type=int, default=4)
+
+
+def run_config(args: argparse.Namespace, mode: str, sandbox_url: str, workdir: Path) -> Any:
+    from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
+    from wmrl.api.schema import WMRLRunSpec
+
+    spec = WMRLRunSpec.model_validate({
+        "mode": mode,
+        "policy": {"model": args.policy, "rolloutEngine": "transformers",
+                   "sampling": {"maxNewTokens": args.max_new_tokens}},
+        "worldModel": {"backend": args.world_model},
+        "tasks": {"builtin": "mini-ml"},
+        "algorithm": {"groupSize": args.group_size, "groupsPerStep": args.groups, "steps": args.steps,
+                      "learningRate": 1e-4, "seed": 0, "anchors": {"fraction": args.anchor_fraction}},
+        "sandbox": {"timeoutSeconds": 60},
+        "trainer": {"checkpoint": {"intervalSteps": 10**6}},
+    })
+    return RunConfig(metadata=RunMetadata(name=f"bench-{mode.lower()}"), spec=spec,
+                     runtime=Runtime(checkpoint_dir=str(workdir / mode), patch_status=False, metrics_port=None,
+                                     sandbox_urls=[sandbox_url]))
+
+
+def summarise(records: list[Any]) -> dict[str, Any]:
+    measured = records[1:] if len(records) > 1 else records
+    mean = {p: float(np.mean([getattr(r, p) for r in measured])) for p in PHASES}
+    total = sum(r.total for r in measured)
+    return {
+        "steps": len(records),
+        "measuredSteps": len(measured),
+        "meanSeconds": mean,
+        "shareOfStep": {p: (mean[p] / mean["total"] if mean["total"] > 0 else None) for p in PHASES[:-1]},
+        "executionWaitFraction": sum(r.execution for r in measured) / total if total > 0 else None,
+        "executionsPerStep": float(np.mean([r.executions for r in measured])),
+        "sandboxSecondsPerStep": float(np.mean([r.sandbox_seconds for r in measured])),
+        "worldModelBusySecondsPerStep": float(np.mean([r.world_model_busy for r in measured])),
+        "droppedAnchors": int(sum(r.dropped_anchors for r in records)),
+        "ungraded": int(sum(r.ungraded for r in records)),
+        "warmupStep": records[0].to_json() if records else None,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from wmrl_sandbox.local import LocalServer
+    from wmrl_trainer.train import build_trainer
+
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or args.steps < 1:
+        print(f"wmrl bench trainer: --modes must be among {MODES} and --steps >= 1", file=sys.stderr)
+        return 2
+    results: dict[str, Any] = {
+        "benchmark": "trainer",
+        "machine": {"cpus": os.cpu_count(), "torchThreads": torch.get_num_threads(), "python": platform.python_version(),
+                    "cuda": torch.cuda.is_available()},
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "modes": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="wmrl-bench-trainer-") as tmp, LocalServer(slots=args.sandbox_slots) as server:
+        for mode in modes:
+            records: list[Any] = []
+            started = time.perf_counter()
+            trainer = build_trainer(run_config(args, mode, server.url, Path(tmp)), callbacks=[records.append])
+            try:
+                trainer.train()
+            finally:
+                trainer.close()
+            results["modes"][mode] = {**summarise(records), "wallSeconds": time.perf_counter() - started}
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0
