@@ -22,12 +22,14 @@ def k8s_cluster():
     scheduler) with kwok fake nodes; see tests/cluster/README.md.
 
     Yields a wmrl_cluster.Cluster: .kubeconfig (admin kubeconfig path),
-    .kubectl(*args), .helm(*args), .binary(name), .versions.  Torn down at the
-    end of the session only if this session started it (set
-    WMRL_KEEP_CLUSTER=1 to keep it running for the next session)."""
-    cluster = wmrl_cluster.up()
+    .kubectl(*args), .helm(*args), .binary(name), .versions.  A cluster this
+    session started is stopped when the last session using it ends; one
+    started with tests/cluster/up is left running.  WMRL_KEEP_CLUSTER=1 keeps
+    it running regardless."""
+    cluster = wmrl_cluster.acquire()
     try:
         yield cluster
     finally:
-        if cluster.started and not os.environ.get("WMRL_KEEP_CLUSTER"):
-            cluster.down()
+        if os.environ.get("WMRL_KEEP_CLUSTER"):
+            wmrl_cluster.make_persistent(cluster)
+        wmrl_cluster.release(cluster)

@@ -223,6 +223,8 @@ class _Paths:
         self.nodes = state_dir / "nodes.yaml"
         self.admin_kubeconfig = state_dir / "admin.kubeconfig"
         self.lock = state_dir / ".lock"
+        self.holders = state_dir / "holders"
+        self.ephemeral = state_dir / "ephemeral"
 
     def kubeconfig(self, user: str) -> Path:
         return self.root / f"{user}.kubeconfig"
@@ -936,15 +938,27 @@ def status(state_dir=None) -> Dict[str, bool]:
     return {c: _alive(p, c) and _healthy(p, c, ports) for c in COMPONENTS}
 
 
-def up(state_dir=None, timeout: float = 120.0) -> Cluster:
-    """Start (or reuse) the cluster; returns a Cluster with .kubeconfig."""
+def up(state_dir=None, timeout: float = 120.0, _cli: bool = True) -> Cluster:
+    """Start (or reuse) the cluster; returns a Cluster with .kubeconfig.
+    Clusters started or reused via up() stay up until down() (see acquire()
+    / release() for the test-session variant)."""
     p = _resolve(state_dir)
     ports = _ports()
     with _locked(p):
         if _cluster_ready(p, ports):
             log(f"cluster already running in {p.root}")
+            if _cli:
+                with contextlib.suppress(FileNotFoundError):
+                    p.ephemeral.unlink()
             return _make_cluster(p, ports, started=False)
         build()
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(p.holders)
+        if _cli:
+            with contextlib.suppress(FileNotFoundError):
+                p.ephemeral.unlink()
+        else:
+            p.ephemeral.touch()
         t0 = time.time()
         # anything half-running from an earlier attempt is restarted from scratch
         for comp in reversed(COMPONENTS):
@@ -1011,11 +1025,72 @@ def down(state_dir=None) -> None:
     if not p.root.exists():
         return
     with _locked(p):
-        for comp in reversed(COMPONENTS):
-            _stop(p, comp)
-        if p.etcd_data.exists():
-            shutil.rmtree(p.etcd_data)
-        log(f"cluster in {p.root} stopped")
+        _down_locked(p)
+
+
+def _down_locked(p: _Paths) -> None:
+    for comp in reversed(COMPONENTS):
+        _stop(p, comp)
+    if p.etcd_data.exists():
+        shutil.rmtree(p.etcd_data)
+    with contextlib.suppress(FileNotFoundError):
+        p.ephemeral.unlink()
+    if p.holders.exists():
+        shutil.rmtree(p.holders, ignore_errors=True)
+    log(f"cluster in {p.root} stopped")
+
+
+# --------------------------------------------------------------------------
+# shared use by several test sessions (pytest fixture)
+
+
+def _live_holders(p: _Paths) -> List[int]:
+    live = []
+    if p.holders.is_dir():
+        for f in p.holders.iterdir():
+            try:
+                pid = int(f.name)
+                os.kill(pid, 0)
+                live.append(pid)
+            except (ValueError, ProcessLookupError):
+                f.unlink(missing_ok=True)
+            except PermissionError:
+                live.append(pid)
+    return live
+
+
+def acquire(state_dir=None, timeout: float = 120.0) -> Cluster:
+    """up() for a test session: registers this process as a holder.  A
+    cluster started here is marked ephemeral: the last holder to release() it
+    stops it.  A cluster started by the `up` CLI is never stopped by
+    release()."""
+    c = up(state_dir, timeout=timeout, _cli=False)
+    p = _Paths(c.state_dir)
+    with _locked(p):
+        p.holders.mkdir(parents=True, exist_ok=True)
+        (p.holders / str(os.getpid())).touch()
+    return c
+
+
+def make_persistent(cluster: Cluster) -> None:
+    """Keep the cluster running after the last release()."""
+    with contextlib.suppress(FileNotFoundError):
+        _Paths(cluster.state_dir).ephemeral.unlink()
+
+
+def release(cluster: Cluster) -> None:
+    """Undo acquire(); stops an ephemeral cluster once no holder is left."""
+    p = _Paths(cluster.state_dir)
+    with _locked(p):
+        with contextlib.suppress(FileNotFoundError):
+            (p.holders / str(os.getpid())).unlink()
+        others = _live_holders(p)
+        if not p.ephemeral.exists():
+            return
+        if others:
+            log(f"leaving cluster running for other sessions (pids {others})")
+            return
+        _down_locked(p)
 
 
 # --------------------------------------------------------------------------
