@@ -1,0 +1,300 @@
+"""Compile gate, answer parsing, prompts, and the llm backend against a real local HTTP server.
+
+The server is a real aiohttp app on 127.0.0.1 speaking the OpenAI chat-completions protocol
+(``/v1/models``, ``/v1/chat/completions``); each test scripts what it answers.
+"""
+
+import asyncio
+import json
+import threading
+
+import pytest
+from aiohttp import web
+
+from wmrl.api.runconfig import Runtime
+from wmrl.api.schema import WorldModelSpec
+from wmrl.outcome import BUCKET_RANK_SCORE, QualityBucket, Status
+from wmrl.tasks import Task
+from wmrl_trainer.prompts import outcome_json_schema, task_prompt, world_model_messages
+from wmrl_trainer.world_model import build_world_model, compile_gate
+from wmrl_trainer.world_model.llm import LLMWorldModel
+from wmrl_trainer.world_model.parse import outcome_from_text
+
+TASK = Task(name="toy", description="Binary classification: toy rows. Metric: accuracy.", kind="classification",
+            metric="accuracy", target="target",
+            data={"train.csv": b"id,f0,f1,target\n0,1,2,1\n", "test.csv": b"id,f0,f1\n1,3,4\n"},
+            hidden_labels=b"id,target\n1,1\n", leaderboard=(0.5, 0.8, 0.9))
+GOOD = "import numpy as np\nprint('hello')\n"
+
+
+def answer(*preds):
+    return json.dumps({"predictions": list(preds)})
+
+
+def pred(status, bucket=None, error_type=None, line=None, feedback="out"):
+    return {"status": status, "error_type": error_type, "error_line": line, "quality_bucket": bucket,
+            "env_feedback": feedback}
+
+
+class FakeOpenAI:
+    """A real HTTP server; ``respond(body)`` returns ("answer", text) | ("status", code) | ("sleep", s, text)."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.respond = lambda body: ("answer", answer(pred("valid", "mid")))
+        self.in_flight = self.max_in_flight = 0
+        self.model_listings = 0
+
+    async def _models(self, request):
+        self.model_listings += 1
+        return web.json_response({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
+
+    async def _chat(self, request):
+        body = await request.json()
+        self.requests.append(body)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            action = self.respond(body)
+            if action[0] == "sleep":
+                await asyncio.sleep(action[1])
+                action = ("answer", action[2])
+            if action[0] == "status":
+                return web.json_response({"error": "scripted failure"}, status=action[1])
+            return web.json_response({
+                "id": "cmpl-1", "object": "chat.completion", "model": body.get("model"),
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": action[1]}}],
+            })
+        finally:
+            self.in_flight -= 1
+
+    def __enter__(self):
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/v1"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAI() as s:
+        yield s
+
+
+@pytest.fixture
+def wm(server):
+    model = LLMWorldModel(server.url, "wm-model", timeout=5, retries=2, backoff=0.01)
+    yield model
+    model.close()
+
+
+# ------------------------------------------------------------------ compile gate
+
+@pytest.mark.parametrize("code,status,line", [
+    ("", Status.MALFORMED, None),
+    ("   \n\t", Status.MALFORMED, None),
+    ("Sure! Here is a solution that trains a forest", Status.MALFORMED, None),
+    ("import numpy as np\nx = np.array([1,\n", Status.MALFORMED, None),  # cut off mid-expression
+    ("x = 1\ny = = 2\nprint(x)\n", Status.SYNTAX_ERR, 2),
+    ("def f():\nreturn 1\n", Status.SYNTAX_ERR, 2),
+    ("x = 1\x00\n", Status.MALFORMED, None),
+    ("'just a docstring'\n", Status.MALFORMED, None),
+])
+def test_compile_gate_rejects_without_a_model(code, status, line):
+    out = compile_gate(code)
+    assert out is not None and out.status is status and out.reward == 0.0
+    if line is not None:
+        assert out.error_line == line and "line" in out.feedback
+
+
+def test_compile_gate_passes_real_code():
+    assert compile_gate(GOOD) is None
+    assert compile_gate("def main():\n    return 1\n\nmain()\n") is None
+
+
+def test_syntax_error_scores_zero_without_a_request(server, wm):
+    outs = wm.grade([(TASK, "for i in range(3)\n    print(i)\n"), (TASK, "")])
+    assert [o.reward for o in outs] == [0.0, 0.0]
+    assert outs[0].status is Status.SYNTAX_ERR and outs[0].error_line == 1
+    assert server.requests == []
+    assert wm.stats["gated"] == 2
+
+
+# ------------------------------------------------------------------ parsing
+
+def test_parse_takes_the_top_prediction_and_maps_the_bucket():
+    out = outcome_from_text(answer(pred("valid", "high", feedback="accuracy 0.93"), pred("runtime_err", None, "ValueError", 7)))
+    assert out.status is Status.VALID and out.quality_bucket is QualityBucket.HIGH
+    assert out.rank_score == BUCKET_RANK_SCORE[QualityBucket.HIGH] and out.feedback == "accuracy 0.93"
+    assert out.reward == pytest.approx(0.5 + 0.5 * 0.75)
+
+
+def test_parse_prefers_the_most_frequent_status_and_skips_bad_predictions():
+    text = answer(pred("valid", None), pred("ran_no_sub"), pred("runtime_err", None, "KeyError", 3),
+                  pred("runtime_err", None, "IndexError", 9), pred("exploded"))
+    out = outcome_from_text(text)  # 'valid' has no bucket (ill-formed), 'exploded' is no status
+    assert out.status is Status.RUNTIME_ERR and out.error_type == "KeyError" and out.error_line == 3
+
+
+@pytest.mark.parametrize("text", [
+    "I think it will run fine.", "{not json", '{"predictions": []}', '{"predictions": [{"status": "valid"}]}',
+    '{"predictions": "valid"}', "",
+])
+def test_unusable_answers_are_ungraded(text):
+    assert outcome_from_text(text) is None
+
+
+def test_parse_finds_json_inside_prose_and_fences():
+    text = "Here you go:\n```json\n" + answer(pred("ran_no_sub", feedback="no submission.csv")) + "\n```"
+    out = outcome_from_text(text)
+    assert out.status is Status.RAN_NO_SUB and out.reward == 0.2
+
+
+# ------------------------------------------------------------------ prompts
+
+def test_task_prompt_states_the_contract():
+    text = task_prompt(TASK)
+    for part in ("data/train.csv", "id,f0,f1,target", "data/test.csv", "submission.csv", "id,target", "accuracy",
+                 "```python", TASK.description):
+        assert part in text
+
+
+def test_world_model_prompt_holds_task_code_and_schema_fields():
+    messages = world_model_messages(TASK, GOOD, predictions=2)
+    user = messages[-1]["content"]
+    assert messages[0]["role"] == "system"
+    assert "1 | import numpy as np" in user and "2 | print('hello')" in user
+    for field in ("status", "error_type", "error_line", "quality_bucket", "env_feedback", "2 most likely"):
+        assert field in user
+    schema = outcome_json_schema(2)
+    assert schema["properties"]["predictions"]["maxItems"] == 2
+
+
+# ------------------------------------------------------------------ llm backend
+
+def test_valid_answer_and_the_request_carries_schema_and_sampling(server, wm):
+    server.respond = lambda body: ("answer", answer(pred("valid", "high", feedback="wrote submission.csv"),
+                                                    pred("runtime_err", None, "MemoryError", 4)))
+    [out] = wm.grade([(TASK, GOOD)])
+    assert out.status is Status.VALID and out.reward == pytest.approx(0.875) and out.feedback == "wrote submission.csv"
+    [body] = server.requests
+    assert body["model"] == "wm-model"
+    assert (body["temperature"], body["top_p"], body["top_k"]) == (0.7, 0.8, 20)
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["schema"] == outcome_json_schema(2)
+    assert "print('hello')" in body["messages"][-1]["content"]
+
+
+def test_runtime_error_prediction_keeps_type_line_and_feedback(server, wm):
+    tb = "Traceback (most recent call last):\n  File \"main.py\", line 2\nKeyError: 'target'"
+    server.respond = lambda body: ("answer", answer(pred("runtime_err", None, "KeyError", 2, tb), pred("valid", "low")))
+    [out] = wm.grade([(TASK, GOOD)])
+    assert (out.status, out.error_type, out.error_line, out.feedback, out.reward) == (Status.RUNTIME_ERR, "KeyError", 2, tb, 0.1)
+
+
+def test_malformed_answer_is_ungraded_not_zero(server, wm):
+    server.respond = lambda body: ("answer", '{"predictions": [{"status": "valid", "quality_bu')
+    assert wm.grade([(TASK, GOOD)]) == [None]
+    assert wm.stats["unparsable"] == 1 and wm.stats["ungraded"] == 1
+
+
+def test_server_errors_are_retried_then_succeed(server, wm):
+    calls = []
+
+    def respond(body):
+        calls.append(1)
+        return ("status", 503) if len(calls) <= 2 else ("answer", answer(pred("ran_no_sub")))
+    server.respond = respond
+    [out] = wm.grade([(TASK, GOOD)])
+    assert out.status is Status.RAN_NO_SUB and len(server.requests) == 3 and wm.stats["retries"] == 2
+
+
+def test_repeated_failure_is_ungraded(server, wm):
+    server.respond = lambda body: ("status", 500)
+    assert wm.grade([(TASK, GOOD)]) == [None]
+    assert len(server.requests) == 3  # 1 + 2 retries
+    assert wm.stats["failed"] == 1
+
+
+def test_timeouts_are_retried_then_ungraded(server):
+    model = LLMWorldModel(server.url, "m", timeout=0.2, retries=1, backoff=0.01)
+    server.respond = lambda body: ("sleep", 1.0, answer(pred("valid", "mid")))
+    try:
+        assert model.grade([(TASK, GOOD)]) == [None]
+    finally:
+        model.close()
+    assert len(server.requests) == 2 and model.stats["failed"] == 1
+
+
+def test_client_errors_are_not_retried(server, wm):
+    wm.guided = "guided_json"  # the last guided mode: a 400 has nothing to fall back to
+    server.respond = lambda body: ("status", 404)
+    assert wm.grade([(TASK, GOOD)]) == [None]
+    assert len(server.requests) == 1 and wm.stats["http_error"] == 1
+
+
+def test_guided_decoding_falls_back_when_the_server_rejects_response_format(server, wm):
+    server.respond = lambda body: ("status", 400) if "response_format" in body else ("answer", answer(pred("valid", "fair")))
+    [out] = wm.grade([(TASK, GOOD)])
+    assert out.quality_bucket is QualityBucket.FAIR
+    assert "response_format" in server.requests[0]
+    assert server.requests[1]["structured_outputs"] == {"json": outcome_json_schema(2)}
+    assert wm.guided == "structured_outputs"  # remembered for the next requests
+
+
+def test_a_batch_is_sent_concurrently_and_answers_keep_their_order(server, wm):
+    def respond(body):
+        code = body["messages"][-1]["content"]
+        status = "valid" if "print(0)" in code or "print(2)" in code else "ran_no_sub"
+        return ("sleep", 0.2, answer(pred(status, "mid" if status == "valid" else None)))
+    server.respond = respond
+    outs = wm.grade([(TASK, f"print({i})\n") for i in range(6)])
+    assert [o.status for o in outs] == [Status.VALID, Status.RAN_NO_SUB, Status.VALID] + [Status.RAN_NO_SUB] * 3
+    assert server.max_in_flight > 1
+
+
+def test_model_name_is_discovered_when_not_configured(server):
+    model = LLMWorldModel(server.url, None, timeout=5)
+    try:
+        model.grade([(TASK, GOOD), (TASK, GOOD)])
+    finally:
+        model.close()
+    assert {r["model"] for r in server.requests} == {"served-model"} and server.model_listings == 1
+
+
+def test_build_world_model_from_spec_and_runtime(server):
+    spec = WorldModelSpec(backend="llm", sampling={"temperature": 0.3, "topP": 0.9, "topK": 5, "predictions": 3})
+    model = build_world_model(spec, Runtime(world_model_url=server.url), policy_model="policy-base")
+    try:
+        model.grade([(TASK, GOOD)])
+    finally:
+        model.close()
+    body = server.requests[-1]
+    assert (body["model"], body["temperature"], body["top_p"], body["top_k"]) == ("policy-base", 0.3, 0.9, 5)
+    assert body["response_format"]["json_schema"]["schema"]["properties"]["predictions"]["maxItems"] == 3
+    with pytest.raises(ValueError, match="spec.worldModel.endpoint"):
+        build_world_model(WorldModelSpec(backend="llm"), Runtime())
+
+
+def test_unreachable_server_is_ungraded():
+    model = LLMWorldModel("http://127.0.0.1:9/v1", "m", timeout=1, retries=1, backoff=0.01)
+    try:
+        assert model.grade([(TASK, GOOD)]) == [None]
+    finally:
+        model.close()
