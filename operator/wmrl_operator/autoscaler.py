@@ -40,9 +40,10 @@ def desired_replicas(demand: int, slots_per_pod: int, min_replicas: int, max_rep
     if suspended:
         return 0
     raw = raw_recommendation(demand, slots_per_pod, min_replicas, max_replicas)
+    history = list(history)
+    if not history:
+        history = [(now, current)]  # no memory (fresh operator): as if current was just recommended
     window = [rec for t, rec in history if now - t <= stabilization_seconds]
-    if not window:
-        window = [current]  # no memory (fresh operator): behave as if current was just recommended
     return clamp(max([raw] + window), min_replicas, max_replicas)
 
 

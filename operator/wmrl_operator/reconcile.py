@@ -137,6 +137,13 @@ class Reconciler:
         if st.is_finished(status):
             return
 
+        missing = await self._missing_references(run, spec)
+        if missing:
+            message = "; ".join(missing)
+            patch = st.status_patch(status, Phase.FAILED.value, st.INVALID_SPEC, message, generation, now_s)
+            await self._transition(body, status, patch, "Warning", st.INVALID_SPEC, message)
+            return
+
         job = await self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))
         js = st.job_state(job)
         restarts = int(status.get("restarts") or 0)
@@ -154,7 +161,8 @@ class Reconciler:
                 if restarts >= spec.failure_policy.max_restarts:
                     message = (f"the trainer failed {restarts + 1} times (spec.failurePolicy.maxRestarts is "
                                f"{spec.failure_policy.max_restarts}); last failure: {js.reason}: {js.message}".rstrip(": "))
-                    await self._finish(body, run, spec, status, Phase.FAILED.value, st.MAX_RESTARTS, message, now_s)
+                    await self._finish(body, run, spec, status, Phase.FAILED.value, st.MAX_RESTARTS, message, now_s,
+                                       lastFailedTrainer=js.uid)
                     return
                 restarts += 1
                 message = f"trainer Job failed ({js.reason}); restart {restarts} of {spec.failure_policy.max_restarts}, resuming from checkpoint"
@@ -187,6 +195,25 @@ class Reconciler:
         patch = st.status_patch(status, phase, reason, message, generation, now_s, **fields)
         await self._transition(body, status, patch, "Normal", reason, message)
 
+    async def _missing_references(self, run: builders.Run, spec: WMRLRunSpec) -> list[str]:
+        """What a schema cannot check: objects the spec names must exist in the run's namespace.
+
+        A run naming a missing one gets Failed/InvalidSpec and nothing is created; it proceeds by
+        itself once the object appears (InvalidSpec is re-checked on every resync).
+        """
+        refs = []
+        if spec.tasks.config_map:
+            refs.append(("spec.tasks.configMap", "v1", "ConfigMap", spec.tasks.config_map))
+        if spec.tasks.pvc:
+            refs.append(("spec.tasks.pvc", "v1", "PersistentVolumeClaim", spec.tasks.pvc))
+        if spec.trainer.checkpoint.claim_name:
+            refs.append(("spec.trainer.checkpoint.claimName", "v1", "PersistentVolumeClaim", spec.trainer.checkpoint.claim_name))
+        missing = []
+        for field, api_version, kind, name in refs:
+            if await self.kube.get(api_version, kind, run.namespace, name) is None:
+                missing.append(f"{field}: {kind} {name!r} not found in namespace {run.namespace!r}")
+        return missing
+
     async def _apply_children(self, run: builders.Run, spec: WMRLRunSpec, start_time: Optional[str],
                               now: dt.datetime, job_exists: bool) -> None:
         sandbox = await self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))
@@ -211,7 +238,7 @@ class Reconciler:
 
     async def _finish(self, body: dict[str, Any], run: builders.Run, spec: WMRLRunSpec, status: dict[str, Any],
                       phase: str, reason: str, message: str, completion_time: str,
-                      job_to_delete: Optional[dict[str, Any]] = None) -> None:
+                      job_to_delete: Optional[dict[str, Any]] = None, **fields: Any) -> None:
         """Terminal transition: pools and world model to zero, Job stopped if the deadline passed."""
         if job_to_delete is not None:
             await self.kube.delete("batch/v1", "Job", run.namespace, builders.trainer_name(run),
@@ -225,7 +252,7 @@ class Reconciler:
                 await self.kube.merge_patch("apps/v1", "Deployment", run.namespace, obj["metadata"]["name"],
                                             {"spec": {"replicas": 0}})
         patch = st.status_patch(status, phase, reason, message, body["metadata"].get("generation"), st.now_iso(),
-                                completionTime=completion_time)
+                                completionTime=completion_time, **fields)
         await self._transition(body, status, patch, "Warning" if phase == Phase.FAILED.value else "Normal",
                                reason, message)
         self.recommendations.forget((run.namespace, run.name))

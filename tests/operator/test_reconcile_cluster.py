@@ -1,0 +1,168 @@
+"""The operator against the real control plane: children, phases, suspend, restarts, deadlines,
+TTL, immutability, status ownership, garbage collection. Pods run on kwok nodes (they run
+nothing); the tests finish them with the ``wmrl.dev/kwok-phase`` annotation."""
+
+import pytest
+
+from conftest import run_manifest, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+CHILDREN = [
+    ("configmap", "{r}-config"), ("serviceaccount", "{r}-trainer"), ("role", "{r}-trainer"),
+    ("rolebinding", "{r}-trainer"), ("job", "{r}-trainer"), ("deployment", "{r}-sandbox"),
+    ("service", "{r}-sandbox"), ("networkpolicy", "{r}-sandbox"), ("deployment", "{r}-world-model"),
+    ("service", "{r}-world-model"), ("configmap", "{r}-calibration-state"), ("deployment", "{r}-calibration"),
+    ("service", "{r}-calibration"), ("serviceaccount", "{r}-calibration"), ("role", "{r}-calibration"),
+    ("rolebinding", "{r}-calibration"),
+]
+
+
+def phase(kube, name):
+    return kube.status(name).get("phase")
+
+
+def condition(kube, name, type_):
+    for cond in kube.status(name).get("conditions") or []:
+        if cond["type"] == type_:
+            return cond
+    return None
+
+
+def test_children_appear_owned_and_run_becomes_running(kube, operator):
+    kube.apply(run_manifest("alpha"))
+    uid = wait_for(lambda: (kube.get("wmrlrun", "alpha") or {}).get("metadata", {}).get("uid"), what="run uid")
+    for kind, pattern in CHILDREN:
+        name = pattern.format(r="alpha")
+        obj = wait_for(lambda: kube.get(kind, name), what=f"{kind}/{name}")
+        refs = obj["metadata"].get("ownerReferences") or []
+        assert [(r["kind"], r["name"], r["uid"], r.get("controller")) for r in refs] == [("WMRLRun", "alpha", uid, True)]
+        assert obj["metadata"]["labels"]["wmrl.dev/run"] == "alpha"
+    wait_for(lambda: phase(kube, "alpha") == "Running", what="phase Running")
+    status = kube.status("alpha")
+    assert status["observedGeneration"] == 1 and status["startTime"] and status["restarts"] == 0
+    assert condition(kube, "alpha", "Running")["status"] == "True"
+    printed = kube.run("get", "wmr", "alpha", "-n", kube.ns).stdout
+    assert "Running" in printed and "wmrl" in printed
+
+
+def test_trainer_success_makes_run_succeeded_and_scales_pools_down(kube, operator):
+    kube.apply(run_manifest("beta", mode="real"))
+    wait_for(lambda: phase(kube, "beta") == "Running", what="Running")
+    assert kube.finish_pods("beta", "Succeeded") == 1
+    wait_for(lambda: phase(kube, "beta") == "Succeeded", what="Succeeded")
+    status = kube.status("beta")
+    assert status["completionTime"]
+    assert condition(kube, "beta", "Complete")["status"] == "True"
+    wait_for(lambda: kube.get("deployment", "beta-sandbox")["spec"]["replicas"] == 0, what="sandbox at 0")
+    events = kube.run("get", "events", "-n", kube.ns, "--field-selector", "involvedObject.name=beta").stdout
+    assert "TrainerCompleted" in events
+
+
+def test_failed_trainer_restarts_up_to_max_then_run_fails(kube, operator):
+    kube.apply(run_manifest("gamma", mode="real", failurePolicy={"maxRestarts": 1}))
+    wait_for(lambda: phase(kube, "gamma") == "Running", what="Running")
+    first = kube.get("job", "gamma-trainer")["metadata"]["uid"]
+    kube.finish_pods("gamma", "Failed")
+    wait_for(lambda: kube.status("gamma").get("restarts") == 1, what="restarts == 1")
+    second = wait_for(lambda: (kube.get("job", "gamma-trainer") or {}).get("metadata", {}).get("uid") not in (None, first)
+                      and kube.get("job", "gamma-trainer")["metadata"]["uid"], what="a new trainer Job")
+    wait_for(lambda: phase(kube, "gamma") == "Running", what="Running again")
+    kube.finish_pods("gamma", "Failed")
+    wait_for(lambda: phase(kube, "gamma") == "Failed", what="Failed")
+    failed = condition(kube, "gamma", "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "MaxRestartsExceeded"
+    assert "maxRestarts" in failed["message"]
+    status = kube.status("gamma")
+    assert status["restarts"] == 1 and status["lastFailedTrainer"] == second
+    assert kube.get("job", "gamma-trainer")["metadata"]["uid"] == second  # kept for its logs, not recreated
+
+
+def test_suspend_and_resume(kube, operator):
+    kube.apply(run_manifest("delta", sandbox={"minReplicas": 2, "maxReplicas": 3}))
+    wait_for(lambda: phase(kube, "delta") == "Running", what="Running")
+    kube.run("patch", "wmrlrun", "delta", "-n", kube.ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for(lambda: phase(kube, "delta") == "Suspended", what="Suspended")
+    assert kube.get("job", "delta-trainer")["spec"]["suspend"] is True
+    wait_for(lambda: kube.get("deployment", "delta-sandbox")["spec"]["replicas"] == 0, what="sandbox 0")
+    assert kube.get("deployment", "delta-world-model")["spec"]["replicas"] == 0
+    wait_for(lambda: not kube.items("pods", "wmrl.dev/run=delta,app.kubernetes.io/component=trainer"),
+             what="trainer pods gone")
+    assert condition(kube, "delta", "Suspended")["status"] == "True"
+    kube.run("patch", "wmrlrun", "delta", "-n", kube.ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_for(lambda: phase(kube, "delta") == "Running", what="Running after resume")
+    assert kube.get("job", "delta-trainer")["spec"]["suspend"] is False
+    assert kube.get("deployment", "delta-sandbox")["spec"]["replicas"] == 2
+    assert kube.get("deployment", "delta-world-model")["spec"]["replicas"] == 1
+
+
+def test_active_deadline_fails_the_run_and_ttl_deletes_it(kube, operator):
+    kube.apply(run_manifest("epsilon", mode="real", activeDeadlineSeconds=3, ttlSecondsAfterFinished=2))
+    wait_for(lambda: phase(kube, "epsilon") == "Failed", timeout=30, what="Failed by deadline")
+    assert condition(kube, "epsilon", "Failed")["reason"] == "DeadlineExceeded"
+    wait_for(lambda: kube.get("wmrlrun", "epsilon") is None, timeout=30, what="run deleted after ttl")
+
+
+def test_operator_never_overwrites_progress(kube, operator):
+    kube.apply(run_manifest("zeta", mode="real"))
+    wait_for(lambda: phase(kube, "zeta") == "Running", what="Running")
+    progress = {"step": 7, "totalSteps": 10, "meanRealReward": 0.42, "sandboxDemand": 0, "futureField": "kept"}
+    kube.patch_status("zeta", {"progress": progress})
+    kube.run("patch", "wmrlrun", "zeta", "-n", kube.ns, "--type=merge", "-p", '{"spec":{"algorithm":{"steps":11}}}')
+    wait_for(lambda: kube.status("zeta").get("observedGeneration") == 2, what="generation 2 observed")
+    assert kube.status("zeta")["progress"] == progress
+    printed = kube.run("get", "wmr", "zeta", "-n", kube.ns).stdout
+    assert " 7 " in printed and "0.42" in printed
+
+
+@pytest.mark.parametrize("patch,field", [
+    ({"policy": {"model": "other/model"}}, "spec.policy.model"),
+    ({"mode": "worldModel"}, "spec.mode"),
+    ({"tasks": {"builtin": None, "path": "/data/tasks"}}, "spec.tasks"),
+    ({"worldModel": {"model": "other/wm"}}, "spec.worldModel.model"),
+    ({"worldModel": {"backend": "learned"}}, "spec.worldModel.backend"),
+])
+def test_identity_fields_immutable_while_active(kube, operator, patch, field):
+    if kube.get("wmrlrun", "eta") is None:
+        kube.apply(run_manifest("eta"))
+        wait_for(lambda: phase(kube, "eta") in ("Pending", "Running"), what="active")
+    import json
+    res = kube.run("patch", "wmrlrun", "eta", "-n", kube.ns, "--type=merge", "-p", json.dumps({"spec": patch}), check=False)
+    assert res.returncode != 0
+    assert field in res.stderr and "immutable" in res.stderr
+
+
+def test_mutable_fields_still_change_while_active(kube, operator):
+    res = kube.run("patch", "wmrlrun", "eta", "-n", kube.ns, "--type=merge", "-p",
+                   '{"spec":{"sandbox":{"maxReplicas":5},"algorithm":{"steps":99}}}', check=False)
+    assert res.returncode == 0, res.stderr
+
+
+def test_missing_referenced_objects_are_invalid_spec_and_nothing_is_created(kube, operator):
+    kube.apply(run_manifest("theta", tasks={"configMap": "no-such-tasks"}))
+    wait_for(lambda: condition(kube, "theta", "Failed") and condition(kube, "theta", "Failed")["reason"] == "InvalidSpec",
+             what="InvalidSpec")
+    assert phase(kube, "theta") == "Failed"
+    assert "spec.tasks.configMap" in condition(kube, "theta", "Failed")["message"]
+    for kind in ("job", "deployment", "configmap", "service"):
+        assert kube.items(kind, "wmrl.dev/run=theta") == []
+    # Creating the object lets the run proceed by itself.
+    kube.run("create", "configmap", "no-such-tasks", "-n", kube.ns, "--from-literal=task.yaml=name: t")
+    wait_for(lambda: phase(kube, "theta") in ("Pending", "Running"), timeout=30, what="run proceeds")
+    assert kube.get("job", "theta-trainer") is not None
+
+
+def test_deleting_a_run_garbage_collects_children_but_not_a_shared_calibration(kube, operator):
+    kube.apply(run_manifest("iota", calibration={"name": "shared-cal"}))
+    wait_for(lambda: kube.get("job", "iota-trainer"), what="job")
+    wait_for(lambda: kube.get("deployment", "shared-cal"), what="shared calibration")
+    kube.run("delete", "wmrlrun", "iota", "-n", kube.ns, "--wait=true", "--timeout=30s")
+    for kind, pattern in CHILDREN:
+        name = pattern.format(r="iota")
+        if "calibration" in name:
+            continue
+        wait_for(lambda: kube.get(kind, name) is None, timeout=60, what=f"{kind}/{name} collected")
+    for kind, name in (("deployment", "shared-cal"), ("service", "shared-cal"), ("configmap", "shared-cal-state")):
+        obj = kube.get(kind, name)
+        assert obj is not None and "ownerReferences" not in obj["metadata"]
+        assert obj["metadata"]["labels"]["wmrl.dev/calibration"] == "shared-cal"

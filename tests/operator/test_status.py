@@ -1,0 +1,69 @@
+"""Phase and conditions from children (pure)."""
+
+import datetime as dt
+
+from wmrl_operator import status as st
+
+
+def job(conditions=(), ready=0, suspend=False, uid="u"):
+    return {"metadata": {"uid": uid}, "spec": {"suspend": suspend},
+            "status": {"ready": ready, "conditions": [{"type": t, "status": "True", "reason": r, "message": ""}
+                                                      for t, r in conditions]}}
+
+
+def test_job_states():
+    assert st.job_state(None).state == "absent"
+    assert st.job_state(job()).state == "pending"
+    assert st.job_state(job(ready=1)).state == "running"
+    assert st.job_state(job(suspend=True)).state == "suspended"
+    assert st.job_state(job([("Complete", "")])).state == "succeeded"
+    failed = st.job_state(job([("Failed", "DeadlineExceeded")]))
+    assert failed.state == "failed" and failed.reason == "DeadlineExceeded" and failed.uid == "u"
+    deleting = job(ready=1)
+    deleting["metadata"]["deletionTimestamp"] = "x"
+    assert st.job_state(deleting).state == "absent"
+
+
+def test_phase_from_job():
+    assert st.phase_from_job(st.JobState("running"), False)[0] == "Running"
+    assert st.phase_from_job(st.JobState("pending"), False)[0] == "Pending"
+    assert st.phase_from_job(st.JobState("running"), True)[0] == "Suspended"
+    assert st.phase_from_job(st.JobState("succeeded"), False)[0] == "Succeeded"
+
+
+def test_conditions_keep_transition_time_unless_status_flips():
+    c1 = st.conditions_for("Running", "TrainerRunning", "m", [], 1, "T1")
+    c2 = st.conditions_for("Running", "TrainerRunning", "m", c1, 2, "T2")
+    running = {c["type"]: c for c in c2}["Running"]
+    assert running["lastTransitionTime"] == "T1" and running["observedGeneration"] == 2
+    c3 = st.conditions_for("Suspended", "Suspended", "s", c2, 3, "T3")
+    by = {c["type"]: c for c in c3}
+    assert by["Running"]["status"] == "False" and by["Running"]["lastTransitionTime"] == "T3"
+    assert by["Suspended"]["status"] == "True"
+    assert {c["type"] for c in c3} == set(st.CONDITION_TYPES)
+
+
+def test_invalid_spec_failure_is_not_finished():
+    patch = st.status_patch({}, "Failed", st.INVALID_SPEC, "spec.x: bad", 1, "T")
+    assert st.invalid_spec_failure(patch) and not st.is_finished(patch)
+    done = st.status_patch({}, "Failed", st.MAX_RESTARTS, "m", 1, "T")
+    assert st.is_finished(done)
+
+
+def test_changed_detects_only_real_changes():
+    old = st.status_patch({}, "Running", "TrainerRunning", "m", 1, "T")
+    again = st.status_patch(old, "Running", "TrainerRunning", "m", 1, "T2")
+    assert not st.changed(old, again)
+    assert st.changed(old, st.status_patch(old, "Pending", "TrainerPending", "m", 1, "T2"))
+
+
+def test_deadline_and_ttl():
+    now = dt.datetime(2026, 1, 1, 0, 1, 0, tzinfo=dt.timezone.utc)
+    assert st.deadline_exceeded("2026-01-01T00:00:00Z", 60, now)
+    assert not st.deadline_exceeded("2026-01-01T00:00:00Z", 61, now)
+    assert not st.deadline_exceeded(None, 10, now)
+    assert st.remaining_deadline("2026-01-01T00:00:30Z", 60, now) == 30
+    assert st.remaining_deadline(None, None, now) is None
+    assert st.ttl_expired("2026-01-01T00:00:00Z", 0, now)
+    assert not st.ttl_expired("2026-01-01T00:00:00Z", None, now)
+    assert not st.ttl_expired(None, 0, now)
