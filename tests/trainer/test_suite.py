@@ -87,6 +87,7 @@ def test_best_model_family_differs_between_tasks(tasks, references):
     assert r["friedman1"]["linear"] > r["friedman1"]["gradient-boosting"]  # rmse
 
 
+@pytest.mark.slow
 def test_every_reference_solution_really_trains_and_the_grader_scores_it(tasks, references, tmp_path):
     """For every task: its best reference family, run as a script, reproduces the leaderboard top."""
     def one(t):
