@@ -1,0 +1,61 @@
+"""The Dockerfiles cannot be built here (no Docker engine); these checks keep them honest by reading.
+
+What they guard: every COPY source exists (a renamed folder breaks the build), the process runs
+as a numeric non-root user (so runAsNonRoot can verify it), and there is no ENTRYPOINT: the
+operator's builders give pods their whole command line (``args: [wmrl, calibration, serve, ...]``),
+which an ENTRYPOINT would prefix.
+"""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILES = {"operator/Dockerfile": ["wmrl", "operator"], "trainer/Dockerfile": ["wmrl", "train"]}
+
+
+def _instructions(path):
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    out, buf = [], ""
+    for line in (ROOT / path).read_text().splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        buf += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            word, _, rest = buf.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+            buf = ""
+    return out
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_copy_sources_exist(path):
+    copies = [shlex.split(a) for i, a in _instructions(path) if i == "COPY"]
+    assert copies
+    for *sources, _dest in copies:
+        for src in sources:
+            assert (ROOT / src).exists(), f"{path}: COPY {src} does not exist"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_runs_as_numeric_non_root_user(path):
+    users = [a for i, a in _instructions(path) if i == "USER"]
+    assert users, f"{path} has no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0
+
+
+@pytest.mark.parametrize("path,cmd", DOCKERFILES.items())
+def test_default_command_and_no_entrypoint(path, cmd):
+    instructions = _instructions(path)
+    assert not [a for i, a in instructions if i == "ENTRYPOINT"]
+    assert json.loads([a for i, a in instructions if i == "CMD"][-1]) == cmd
+
+
+def test_installs_only_what_the_image_needs():
+    operator_runs = " ".join(a for i, a in _instructions("operator/Dockerfile") if i == "RUN")
+    assert "pip install . " in operator_runs + " " and "[train" not in operator_runs
+    trainer_runs = " ".join(a for i, a in _instructions("trainer/Dockerfile") if i == "RUN")
+    assert '".[train,gpu]"' in trainer_runs
