@@ -5,7 +5,7 @@ One step, mode ``wmrl`` (``docs/trainer.md`` has the timeline):
 1. :meth:`WMRLStep.submit` (called as soon as the completions exist): the anchor
    selector picks groups; their rollouts go to the sandbox dispatcher at once
    (non-blocking futures); the world model starts grading every rollout in a worker
-   thread (compile gate first), so grading, sandbox execution and whatever the
+   thread (every bundled backend applies the compile gate first), so grading, sandbox execution and whatever the
    trainer does next (TRL's reference log-probs) overlap.
 2. :meth:`WMRLStep.score`: waits for the world model, then for the anchors (bounded by
    a deadline); anchor groups whose execution failed or timed out are dropped for this
@@ -142,7 +142,6 @@ class WMRLStep:
         calibration: Any = None,
         selector: Any = None,
         execution_timeout: float = 660.0,
-        compile_gate: Optional[Callable[[str], Optional[Outcome]]] = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.mode = Mode(mode)
@@ -152,7 +151,6 @@ class WMRLStep:
         self.calibration = calibration
         self.selector = selector
         self.execution_timeout = float(execution_timeout)
-        self.compile_gate = compile_gate
         self.clock = clock
         if self.mode is not Mode.REAL and world_model is None:
             raise ValueError(f"spec.mode {self.mode.value!r} needs a world model (spec.worldModel)")
@@ -200,23 +198,15 @@ class WMRLStep:
         return future
 
     def _grade_world_model(self, tasks: list[Task], codes: list[list[str]]) -> tuple[np.ndarray, float]:
-        """Raw WM rewards ``[n_groups, G]`` (NaN = ungraded) and the busy seconds: compile gate, then one batched call."""
+        """Raw WM rewards ``[n_groups, G]`` (NaN = ungraded) and the busy seconds, from one batched call."""
         started = self.clock()
         flat = [(g, i, tasks[g], code) for g, group in enumerate(codes) for i, code in enumerate(group)]
         rewards = np.full((len(codes), len(codes[0])), np.nan)
-        to_model = []
-        for g, i, task, code in flat:
-            gated = self.compile_gate(code) if self.compile_gate is not None else None
-            if gated is not None:
-                rewards[g, i] = gated.reward
-            else:
-                to_model.append((g, i, task, code))
-        if to_model:
-            outcomes = self.world_model.grade([(task, code) for _, _, task, code in to_model])
-            if len(outcomes) != len(to_model):
-                raise RuntimeError(f"world model returned {len(outcomes)} outcomes for {len(to_model)} rollouts")
-            for (g, i, _, _), outcome in zip(to_model, outcomes):
-                rewards[g, i] = _reward_or_nan(outcome)
+        outcomes = self.world_model.grade([(task, code) for _, _, task, code in flat])
+        if len(outcomes) != len(flat):
+            raise RuntimeError(f"world model returned {len(outcomes)} outcomes for {len(flat)} rollouts")
+        for (g, i, _, _), outcome in zip(flat, outcomes):
+            rewards[g, i] = _reward_or_nan(outcome)
         return rewards, self.clock() - started
 
     # ------------------------------------------------------------------ score

@@ -70,24 +70,15 @@ def build_calibration(config: RunConfig) -> Any:
 def build_world_model_from_config(config: RunConfig) -> Any:
     from wmrl_trainer.world_model import build_world_model
 
-    spec = config.spec.world_model
-    if not spec.model:  # empty means the policy's base model, as in the paper
-        spec = spec.model_copy(update={"model": config.spec.policy.model})
-    return build_world_model(spec, config.runtime)
+    # An empty spec.worldModel.model means the policy's base model, as in the paper.
+    return build_world_model(config.spec.world_model, config.runtime, policy_model=config.spec.policy.model,
+                             seed=config.spec.algorithm.seed)
 
 
 def load_training_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
     from wmrl_trainer.suite import load_tasks, split_held_out
 
     return split_held_out(load_tasks(config.spec.tasks, config.runtime), config.spec.tasks.held_out)
-
-
-def _compile_gate() -> Optional[Callable[[str], Any]]:
-    try:
-        from wmrl_trainer.world_model import compile_gate
-    except ImportError:
-        return None
-    return compile_gate
 
 
 def step_rows(tasks: Sequence[Task], groups_per_step: int, steps: int, seed: int) -> list[str]:
@@ -429,8 +420,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / "initial-policy")
 
     step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
-                    selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60,
-                    compile_gate=_compile_gate())
+                    selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60)
     by_name = {t.name: t for t in tasks}
     prompts = {t.name: make_prompt(t, tokenizer) for t in tasks}
     names = step_rows(tasks, alg.groups_per_step, alg.steps, alg.seed)
