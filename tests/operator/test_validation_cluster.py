@@ -1,0 +1,76 @@
+"""Bad input is refused by the apiserver (structural schema + CEL), naming the field, and
+nothing is created. The same specs fail pydantic validation with the same field named."""
+
+import copy
+import json
+
+import pytest
+
+from conftest import run_manifest
+from wmrl.api.schema import field_errors, parse_spec
+
+pytestmark = [pytest.mark.cluster]
+
+
+def merged(base, patch):
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# (id, spec patch, field the error must name)
+BAD = [
+    ("unknown-mode", {"mode": "magic"}, "spec.mode"),
+    ("negative-restarts", {"failurePolicy": {"maxRestarts": -1}}, "spec.failurePolicy.maxRestarts"),
+    ("group-size-1", {"algorithm": {"groupSize": 1}}, "spec.algorithm.groupSize"),
+    ("anchor-fraction>1", {"algorithm": {"anchors": {"fraction": 1.5}}}, "spec.algorithm.anchors.fraction"),
+    ("zero-learning-rate", {"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate"),
+    ("target>max-weight", {"algorithm": {"denoising": {"targetWeight": 5, "maxWeight": 4}}}, "spec.algorithm.denoising.targetWeight"),
+    ("sandbox-min>max", {"sandbox": {"minReplicas": 5, "maxReplicas": 2}}, "spec.sandbox.minReplicas"),
+    ("two-task-sources", {"tasks": {"builtin": "mini-ml", "path": "/x"}}, "spec.tasks"),
+    ("no-task-source", {"tasks": {"heldOut": ["a"]}}, "spec.tasks"),
+    ("bad-quantity", {"trainer": {"resources": {"requests": {"memory": "lots"}}}}, "spec.trainer.resources.requests.memory"),
+    ("bad-engine", {"policy": {"rolloutEngine": "tensorrt"}}, "spec.policy.rolloutEngine"),
+    ("too-many-gpus", {"trainer": {"gpusPerNode": 17}}, "spec.trainer.gpusPerNode"),
+    ("empty-model", {"policy": {"model": ""}}, "spec.policy.model"),
+    ("bad-calibration-name", {"calibration": {"name": "Not_A_Name"}}, "spec.calibration.name"),
+    ("unknown-field", {"sandbox": {"replicas": 3}}, "spec.sandbox.replicas"),
+    ("wrong-type", {"algorithm": {"steps": "many"}}, "spec.algorithm.steps"),
+    ("checkpoint-relative-path", {"trainer": {"checkpoint": {"path": "ckpt"}}}, "spec.trainer.checkpoint.path"),
+]
+
+
+@pytest.mark.parametrize("patch,field", [(p, f) for _, p, f in BAD], ids=[i for i, _, _ in BAD])
+def test_apiserver_rejects_bad_spec_naming_the_field(kube, patch, field):
+    manifest = run_manifest("bad")
+    manifest["spec"] = merged(manifest["spec"], patch)
+    if "tasks" in patch and patch is not None and "builtin" not in patch["tasks"]:
+        manifest["spec"]["tasks"] = dict(patch["tasks"])
+    res = kube.apply(manifest, check=False)
+    assert res.returncode != 0, f"accepted: {json.dumps(manifest['spec'])}"
+    assert field in res.stderr, res.stderr
+    assert kube.get("wmrlrun", "bad") is None
+
+
+@pytest.mark.parametrize("patch,field", [(p, f) for _, p, f in BAD if f != "spec.trainer.resources.requests.memory"],
+                         ids=[i for i, _, f in BAD if f != "spec.trainer.resources.requests.memory"])
+def test_pydantic_rejects_the_same_specs(patch, field):
+    manifest = run_manifest("bad")
+    spec = merged(manifest["spec"], patch)
+    if "tasks" in patch and "builtin" not in patch["tasks"]:
+        spec["tasks"] = dict(patch["tasks"])
+    with pytest.raises(Exception) as exc:
+        parse_spec(spec)
+    text = " ".join(field_errors(exc.value))
+    assert field.split(".")[1] in text
+
+
+def test_bad_run_names_rejected(kube):
+    for name, needle in (("x" * 51, "at most 50"), ("9starts-with-digit", "DNS-1035")):
+        manifest = run_manifest(name)
+        res = kube.apply(manifest, check=False)
+        assert res.returncode != 0 and needle in res.stderr, res.stderr
