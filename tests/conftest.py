@@ -25,7 +25,14 @@ def k8s_cluster():
     .kubectl(*args), .helm(*args), .binary(name), .versions.  A cluster this
     session started is stopped when the last session using it ends; one
     started with tests/cluster/up is left running.  WMRL_KEEP_CLUSTER=1 keeps
-    it running regardless."""
+    it running regardless.  WMRL_KUBECONFIG=<path> uses that cluster instead
+    (e.g. kind, see docs/kind.md)."""
+    external = os.environ.get("WMRL_KUBECONFIG")
+    if external:
+        # An existing cluster (scripts/kind-e2e sets this): used as is, never started or stopped.
+        yield wmrl_cluster.Cluster(state_dir=wmrl_cluster.default_state_dir(), kubeconfig=Path(external),
+                                   server="", versions=wmrl_cluster.versions())
+        return
     cluster = wmrl_cluster.acquire()
     try:
         yield cluster
