@@ -212,6 +212,8 @@ class SandboxServer:
                 self.metrics.rejected.labels("invalid").inc()
                 return _invalid([{"type": "value_error", "loc": ["body"], "msg": str(exc)}])
             self.metrics.duration.observe(time.monotonic() - started)
+            if result.status == "Error":
+                log.warning("execution failed in the sandbox: %s", result.stderr)
             body = response_body(result, self.pod)
             outcome = "TimeLimitExceeded" if result.status == "TimeLimitExceeded" else body["status"]
             self.metrics.executions.labels(outcome).inc()

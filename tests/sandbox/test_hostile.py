@@ -9,7 +9,6 @@ import io
 import os
 import socket
 import threading
-import time
 import uuid
 import zipfile
 from concurrent.futures import ThreadPoolExecutor

@@ -1,0 +1,29 @@
+"""`wmrl bench sandbox` end to end with tiny sizes: it runs and writes the documented JSON."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_bench_sandbox_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "sandbox", "--json", str(out),
+                           "--iterations", "3", "--jobs", "2", "--servers", "1,2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    overhead = result["overhead"]
+    for key in ("bare", "bare_isolated_flags", "server", "server_outside_program"):
+        assert overhead[key]["n"] == 3 and overhead[key]["p50_ms"] > 0
+    assert {"ratio_p50", "ratio_p95", "overhead_p50_ms"} <= overhead.keys()
+    assert [row["servers"] for row in result["throughput"]] == [1, 2]
+    assert all(row["failed"] == 0 and row["executions_per_s"] > 0 for row in result["throughput"])
+
+
+def test_bench_rejects_bad_arguments():
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "sandbox", "--servers", "1,x"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--servers" in proc.stderr
