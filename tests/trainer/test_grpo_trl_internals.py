@@ -1,0 +1,82 @@
+"""Fails loudly when a TRL / transformers internal that wmrl_trainer.grpo relies on changes.
+
+Each check names what the subclass assumes (see the ``wmrl_trainer.grpo`` docstring). If
+one fails after a TRL upgrade, re-read that method and adapt ``wmrl_trainer/grpo.py``
+before relaxing the test.
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib.metadata import version
+
+import pytest
+from transformers import Trainer
+from trl import GRPOConfig, GRPOTrainer
+
+from wmrl_trainer.grpo import WMRLGRPOTrainer
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def test_trl_is_the_pinned_version():
+    assert version("trl") == "1.16.0", "wmrl_trainer.grpo was written against trl 1.16.0: re-check the internals"
+
+
+def test_generate_takes_prompts_and_returns_completions_fourth():
+    assert _params(GRPOTrainer._generate) == ["self", "prompts"]
+    source = inspect.getsource(GRPOTrainer._generate)
+    assert "return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images" in source
+
+
+def test_generate_and_score_completions_contract():
+    assert _params(GRPOTrainer._generate_and_score_completions) == ["self", "inputs"]
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for key in ('"advantages": advantages', '"completion_mask": completion_mask', '"num_items_in_batch": num_items_in_batch',
+                'output["tool_mask"] = tool_mask'):
+        assert key in source, f"output key changed: {key}"
+    # rewards are computed inside it (so our reward function runs before the advantages are returned)
+    assert "self._calculate_rewards(inputs, prompts, completions, completion_ids_list)" in source
+    assert "self._generate(prompts)" in source
+
+
+def test_reward_functions_get_columns_as_kwargs_and_may_return_none():
+    source = inspect.getsource(GRPOTrainer._calculate_rewards)
+    assert "prompts=prompts, completions=completions, completion_ids=completion_ids_list, **reward_kwargs" in source
+    assert "reward if reward is not None else torch.nan" in source
+
+
+def test_groups_are_consecutive_rows_of_the_generation_batch():
+    source = inspect.getsource(GRPOTrainer._get_train_sampler)
+    assert "mini_repeat_count=self.num_generations" in source
+    assert "batch_size=self.args.generation_batch_size // self.num_generations" in source
+
+
+def test_loss_uses_completion_mask_and_num_items_in_batch():
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert 'completion_mask = inputs["completion_ids"], inputs["completion_mask"]' in source
+    assert 'inputs["num_items_in_batch"]' in source
+    assert 'advantages = inputs["advantages"]' in source
+
+
+def test_config_fields_we_set_exist():
+    fields = GRPOConfig.__dataclass_fields__
+    for name in ("num_generations", "generation_batch_size", "beta", "entropy_coef", "max_completion_length",
+                 "use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_gpu_memory_utilization", "shuffle_dataset",
+                 "temperature", "top_p", "num_iterations", "loss_type"):
+        assert name in fields, f"GRPOConfig.{name} is gone"
+    assert GRPOConfig.__dataclass_fields__["loss_type"].default == "dapo"
+
+
+def test_checkpoint_internals_of_transformers_trainer():
+    for name in ("save_model", "_save_optimizer_and_scheduler", "_save_rng_state", "_load_rng_state",
+                 "_load_optimizer_and_scheduler", "_load_from_checkpoint"):
+        assert hasattr(Trainer, name), f"transformers.Trainer.{name} is gone"
+    assert "resume_from_checkpoint" in _params(Trainer.train)
+
+
+@pytest.mark.parametrize("name", ["_generate", "_generate_and_score_completions"])
+def test_our_overrides_match_the_base_signature(name):
+    assert _params(getattr(WMRLGRPOTrainer, name)) == _params(getattr(GRPOTrainer, name))
