@@ -26,13 +26,13 @@ class LocalServer:
     server as another user).
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", slots: int = 1, args: tuple[str, ...] = (), env: Optional[dict] = None,
+    def __init__(self, *, host: str = "127.0.0.1", slots: Optional[int] = None, args: tuple[str, ...] = (), env: Optional[dict] = None,
                  work_root: Optional[str] = None, start_timeout: float = 30.0, prefix: tuple[str, ...] = ()):
         self._own_root = work_root is None
         self.work_root = work_root or tempfile.mkdtemp(prefix="wmrl-sandbox-")
         os.chmod(self.work_root, 0o711)
         cmd = [*prefix, sys.executable, "-m", "wmrl.cli", "sandbox", "serve", "--host", host, "--port", "0",
-               "--slots", str(slots), "--work-root", self.work_root, *args]
+               "--work-root", self.work_root, *(("--slots", str(slots)) if slots else ()), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})
         self.log: list[str] = []

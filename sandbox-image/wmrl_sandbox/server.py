@@ -138,7 +138,8 @@ class SandboxServer:
         self.slots = slots
         self.work_root = work_root or os.path.join(tempfile.gettempdir(), "wmrl-sandbox")
         os.makedirs(self.work_root, mode=0o711, exist_ok=True)
-        os.chmod(self.work_root, 0o711)
+        if os.stat(self.work_root).st_uid == os.geteuid():
+            os.chmod(self.work_root, 0o711)  # others may traverse (the slot uids), not list
         self.limits = limits
         self.max_body_bytes = max_body_bytes
         self.python = python
@@ -237,17 +238,32 @@ class SandboxServer:
                                 limits=self.limits, python=self.python)
 
 
+def _env(name: str, cast, default):
+    """Defaults from the Pod's environment (the operator sets WMRL_SANDBOX_*); flags win."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError:
+        raise SystemExit(f"wmrl sandbox serve: {name}={raw!r} is not a valid {cast.__name__}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = Limits()
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port (printed)")
-    parser.add_argument("--slots", type=int, default=1, help="concurrent executions (default 1: exclusive)")
+    parser.add_argument("--slots", type=int, default=_env("WMRL_SANDBOX_SLOTS", int, 1),
+                        help="concurrent executions (default 1: exclusive; env WMRL_SANDBOX_SLOTS)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument("--work-root", default=None, help="where execution directories are made "
-                        "(default $TMPDIR/wmrl-sandbox; in the image /work/exec on an emptyDir)")
+    parser.add_argument("--work-root", default=_env("WMRL_SANDBOX_WORK_DIR", str, None),
+                        help="where execution directories are made (env WMRL_SANDBOX_WORK_DIR; "
+                        "default $TMPDIR/wmrl-sandbox; in the image /work/exec on an emptyDir)")
     parser.add_argument("--memory-mb", type=int, default=d.memory_mb, help="address-space limit when a request sets none")
     parser.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb)
-    parser.add_argument("--max-run-timeout", type=float, default=d.max_run_timeout)
+    parser.add_argument("--max-run-timeout", type=float,
+                        default=_env("WMRL_SANDBOX_TIMEOUT_SECONDS", float, d.max_run_timeout),
+                        help="cap on a request's run_timeout (env WMRL_SANDBOX_TIMEOUT_SECONDS)")
     parser.add_argument("--nproc", type=int, default=d.nproc, help="process/thread limit per execution")
     parser.add_argument("--file-size-mb", type=int, default=d.file_size_mb)
     parser.add_argument("--max-output-bytes", type=int, default=d.max_output_bytes, help="per stream")

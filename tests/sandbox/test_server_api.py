@@ -83,3 +83,13 @@ def test_memory_limit_and_truncation_flags_are_reported(server):
     res = run(server, "print('a' * 100000)")
     assert res["run_result"]["stdout_truncated"] is True
     assert res["run_result"]["stderr_truncated"] is False
+
+
+def test_pod_environment_sets_defaults():
+    """The operator configures the server through WMRL_SANDBOX_* variables."""
+    from wmrl_sandbox.local import LocalServer
+
+    with LocalServer(env={"WMRL_SANDBOX_SLOTS": "2", "WMRL_SANDBOX_TIMEOUT_SECONDS": "0.5"}) as srv:
+        assert srv.healthz()["slots"] == 2
+        res = run(srv, "while True: pass", run_timeout=30)  # capped at 0.5 s by the server
+        assert res["run_result"]["status"] == "TimeLimitExceeded"
