@@ -42,7 +42,7 @@ venv:
 # Control-plane binaries (etcd, kube-*, kubectl, kwok, helm), built from source
 # and cached by version under $${WMRL_CACHE:-~/.cache/wmrl}; a no-op when cached.
 cluster:
-	@tests/cluster/build
+	@$(PYTHON) tests/cluster/cluster.py build
 
 # The session fixture (tests/conftest.py) starts and stops the control plane.
 # pytest's exit status is make's; exit 5 (no tests collected) counts as failure.
