@@ -98,6 +98,25 @@ def test_chart_renders_exactly_install_yaml(k8s_cluster):
         assert rendered[key] == obj, key
 
 
+@pytest.mark.parametrize("values", [["--set", "watchedNamespaces={team-a,team-b}", "--set", "logLevel=debug"],
+                                    ["--set", "webhook.enabled=true", "--set", "logFormat=text"]],
+                         ids=["watched-namespaces", "webhook"])
+def test_rendered_args_are_what_wmrl_operator_accepts(k8s_cluster, values):
+    import argparse
+
+    from wmrl_operator.main import add_arguments
+
+    deployment = _by_kind(_template(k8s_cluster, *values))[("Deployment", "wmrl-system", "wmrl-operator")]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    if args.namespace:
+        assert args.namespace == ["team-a", "team-b"] and args.verbose
+    else:
+        assert args.webhook and args.webhook_port == 9443 and args.log_format == "text"
+
+
 def test_watched_namespaces_get_a_role_each_and_no_cluster_wide_access(k8s_cluster):
     docs = _template(k8s_cluster, "--set", "watchedNamespaces={team-a,team-b}")
     kinds = _by_kind(docs)

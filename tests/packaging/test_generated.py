@@ -72,3 +72,21 @@ def test_api_reference_lists_every_spec_field():
     missing = [p for p in paths(schema["properties"]["spec"], "spec") if f"`{p}`" not in text]
     assert not missing
     assert "| `spec.algorithm.groupSize` | integer | `8` | >= 2; <= 1024 |" in text
+
+
+def test_install_yaml_args_are_what_wmrl_operator_accepts():
+    """The Deployment's command line parses with the operator's own argument parser."""
+    import argparse
+
+    from wmrl_operator.main import add_arguments
+
+    deployment = list(yaml.safe_load_all((ROOT / "manifests/install.yaml").read_text()))[-1]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] + container["args"][:1] == ["wmrl", "operator"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    assert args.all_namespaces and args.standalone
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (args.health_port, args.metrics_port) == (ports["health"], ports["metrics"])
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
