@@ -25,6 +25,8 @@ within-group differences, so that is the bias that matters to it.
 
 from __future__ import annotations
 
+import copy
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -168,23 +170,39 @@ class OnlineDebiaser:
     """FIFO pair buffer plus the fitted map; fold anchor groups in with :meth:`observe_group`.
 
     Pairs are kept per group (``group_sizes``; after eviction the oldest group may be
-    partial) so that the diagnostic can centre within groups.
+    partial) so that the diagnostic can centre within groups. The buffer is a
+    compacting array of twice the capacity (amortised O(1) per pair) and each pair's
+    bin is computed once, so a refit costs three ``bincount`` calls and a PAV over
+    at most ``bins`` values.
     """
 
     def __init__(self, bins: int = 10, min_pairs: int = 200, refit_every: int = 64, buffer_size: int = 5000):
         if bins < 2 or min_pairs < 1 or refit_every < 1 or buffer_size < 1:
             raise ValueError("need bins >= 2, min_pairs >= 1, refit_every >= 1, buffer_size >= 1")
         self.bins, self.min_pairs, self.refit_every, self.buffer_size = bins, min_pairs, refit_every, buffer_size
-        self.wm = np.zeros(0)
-        self.env = np.zeros(0)
-        self.group_sizes: list[int] = []
+        self._inner_edges = np.linspace(0.0, 1.0, bins + 1)[1:-1]
+        self._clear()
         self.since_fit = 0
         self.fits = 0
         self.map: Optional[CalibrationMap] = None
-        self.bias: Optional[tuple[float, float, float]] = None
+
+    def _clear(self) -> None:
+        capacity = 2 * self.buffer_size
+        self._wm, self._env = np.empty(capacity), np.empty(capacity)
+        self._bin = np.empty(capacity, dtype=np.int64)
+        self._start = self._end = 0
+        self.group_sizes: deque[int] = deque()
+
+    @property
+    def wm(self) -> np.ndarray:
+        return self._wm[self._start:self._end]
+
+    @property
+    def env(self) -> np.ndarray:
+        return self._env[self._start:self._end]
 
     def __len__(self) -> int:
-        return len(self.wm)
+        return self._end - self._start
 
     def observe_group(self, wm: Any, env: Any) -> int:
         """Add one group's pairs (validated, FIFO-evicting); refit if due. Returns pairs evicted."""
@@ -192,40 +210,66 @@ class OnlineDebiaser:
         env = check_rewards(env, "env").reshape(-1)
         if len(wm) != len(env) or len(wm) == 0:
             raise ValueError(f"wm and env must be non-empty and of equal length (got {len(wm)} and {len(env)})")
-        self.wm = np.concatenate([self.wm, wm])
-        self.env = np.concatenate([self.env, env])
-        self.group_sizes.append(len(wm))
-        evicted = max(0, len(self.wm) - self.buffer_size)
-        if evicted:
-            self.wm, self.env = self.wm[evicted:], self.env[evicted:]
-            drop = evicted
-            while drop:
-                if self.group_sizes[0] <= drop:
-                    drop -= self.group_sizes.pop(0)
-                else:
-                    self.group_sizes[0] -= drop
-                    drop = 0
-        self.since_fit += len(wm)
-        if len(self.wm) >= self.min_pairs and self.since_fit >= self.refit_every:
+        return self.push_validated(wm, env)
+
+    def push_validated(self, wm: np.ndarray, env: np.ndarray) -> int:
+        """:meth:`observe_group` for arrays already checked (1-D, equal length, in [0, 1])."""
+        n = len(wm)
+        if n > self.buffer_size:
+            wm, env = wm[-self.buffer_size:], env[-self.buffer_size:]
+        if self._end + len(wm) > len(self._wm):  # compact: move the live pairs to the front
+            keep = len(self)
+            for arr in (self._wm, self._env, self._bin):
+                arr[:keep] = arr[self._start:self._end]
+            self._start, self._end = 0, keep
+        m = len(wm)
+        self._wm[self._end:self._end + m] = wm
+        self._env[self._end:self._end + m] = env
+        self._bin[self._end:self._end + m] = np.searchsorted(self._inner_edges, wm, side="right")
+        self._end += m
+        self.group_sizes.append(n)
+        evicted = max(0, len(self) - self.buffer_size) + (n - m)
+        if len(self) > self.buffer_size:
+            self._start = self._end - self.buffer_size
+        drop = evicted
+        while drop:
+            if self.group_sizes[0] <= drop:
+                drop -= self.group_sizes.popleft()
+            else:
+                self.group_sizes[0] -= drop
+                drop = 0
+        self.since_fit += n
+        if len(self) >= self.min_pairs and self.since_fit >= self.refit_every:
             self.refit()
         return evicted
 
     def refit(self) -> bool:
         """Fit the map on the buffer now; ``False`` (map kept) when under two bins are populated."""
-        fitted = fit_bucketed_isotonic(self.wm, self.env, self.bins)
-        if fitted is None:
+        index = self._bin[self._start:self._end]
+        counts = np.bincount(index, minlength=self.bins).astype(float)
+        populated = counts > 0
+        if populated.sum() < 2:
             return False
-        self.map = fitted
+        n = counts[populated]
+        x = np.bincount(index, weights=self.wm, minlength=self.bins)[populated] / n
+        y = np.bincount(index, weights=self.env, minlength=self.bins)[populated] / n
+        self.map = CalibrationMap(x, pool_adjacent_violators(y, n))
         self.since_fit = 0
         self.fits += 1
-        self.bias = bias_diagnostic(self.wm, self.env, self.group_sizes, fitted)
         return True
 
     def calibrate(self, values: Any) -> np.ndarray:
         return apply_map(self.map, values)
 
+    @property
+    def bias(self) -> Optional[tuple[float, float, float]]:
+        """The diagnostic of the current map on the current buffer (``None`` while identity)."""
+        if self.map is None:
+            return None
+        return bias_diagnostic(self.wm, self.env, list(self.group_sizes), self.map)
+
     def state_dict(self) -> dict[str, Any]:
-        """Compact JSON-ready state; rewards are stored exactly as given (see calibration.state)."""
+        """JSON-ready state (the bin of each pair and the diagnostic are recomputed on load)."""
         return {
             "wm": self.wm.tolist(),
             "env": self.env.tolist(),
@@ -233,7 +277,6 @@ class OnlineDebiaser:
             "sinceFit": self.since_fit,
             "fits": self.fits,
             "map": None if self.map is None else self.map.to_json(),
-            "bias": None if self.bias is None else dict(zip(("before", "after", "reduction"), self.bias)),
         }
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
@@ -242,9 +285,21 @@ class OnlineDebiaser:
         sizes = [int(s) for s in data["groupSizes"]]
         if len(wm) != len(env) or sum(sizes) != len(wm) or any(s < 1 for s in sizes):
             raise ValueError("buffer: wm, env and groupSizes disagree")
-        bias = data.get("bias")
-        self.wm, self.env, self.group_sizes = wm, env, sizes
+        if len(wm) > self.buffer_size:
+            raise ValueError("buffer holds more pairs than bufferSize")
+        calibration = CalibrationMap.from_json(data.get("map"))
+        self._clear()
+        m = len(wm)
+        self._wm[:m], self._env[:m] = wm, env
+        self._bin[:m] = np.searchsorted(self._inner_edges, wm, side="right")
+        self._end = m
+        self.group_sizes = deque(sizes)
         self.since_fit = int(data["sinceFit"])
         self.fits = int(data["fits"])
-        self.map = CalibrationMap.from_json(data.get("map"))
-        self.bias = None if bias is None else (float(bias["before"]), float(bias["after"]), float(bias["reduction"]))
+        self.map = calibration
+
+    def copy(self) -> "OnlineDebiaser":
+        other = copy.copy(self)
+        other._wm, other._env, other._bin = self._wm.copy(), self._env.copy(), self._bin.copy()
+        other.group_sizes = deque(self.group_sizes)
+        return other

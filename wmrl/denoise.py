@@ -33,14 +33,28 @@ DEGENERATE_VARIANCE = 1e-9
 
 def group_disagreement(calibrated: Any, real: Any) -> Optional[float]:
     """``s^2`` of one group, or ``None`` for a degenerate group (``Var(real) ~ 0``)."""
+    return disagreement_of_checked(*_checked_pair(calibrated, real))
+
+
+def disagreement_of_checked(d: np.ndarray, r: np.ndarray) -> Optional[float]:
+    """:func:`group_disagreement` for 1-D arrays already checked (the hot path of the service)."""
+    n = len(r)
+    if n == 0:
+        return None
+    rc = r - r.sum() / n
+    var = float(rc @ rc) / n
+    if var < DEGENERATE_VARIANCE:
+        return None
+    diff = (d - d.sum() / n) - rc
+    return float(diff @ diff) / n / var
+
+
+def _checked_pair(calibrated: Any, real: Any) -> tuple[np.ndarray, np.ndarray]:
     d = check_rewards(calibrated, "calibrated").reshape(-1)
     r = check_rewards(real, "real").reshape(-1)
     if len(d) != len(r):
         raise ValueError(f"calibrated and real must have equal length (got {len(d)} and {len(r)})")
-    var = float(r.var()) if len(r) else 0.0
-    if var < DEGENERATE_VARIANCE:
-        return None
-    return float(np.mean(((d - d.mean()) - (r - r.mean())) ** 2) / var)
+    return d, r
 
 
 class DisagreementWeighter:
@@ -70,7 +84,10 @@ class DisagreementWeighter:
 
     def observe_group(self, calibrated: Any, real: Any) -> Optional[float]:
         """Measure and fold one anchor group; returns its ``s^2`` (``None``: skipped)."""
-        s2 = group_disagreement(calibrated, real)
+        return self.observe_checked(*_checked_pair(calibrated, real))
+
+    def observe_checked(self, calibrated: np.ndarray, real: np.ndarray) -> Optional[float]:
+        s2 = disagreement_of_checked(calibrated, real)
         if s2 is not None:
             self.push(s2)
         return s2

@@ -126,10 +126,10 @@ def test_kill9_mid_stream_loses_no_acknowledged_observation(servers, tmp_path):
     path = tmp_path / "state.json"
     server = servers("--state-file", str(path)).start()
     acked, stop = [], threading.Event()
-    threads = [threading.Thread(target=hammer, args=(server.url, f"t{i}", 60, acked, stop)) for i in range(4)]
+    threads = [threading.Thread(target=hammer, args=(server.url, f"t{i}", 30, acked, stop)) for i in range(4)]
     for t in threads:
         t.start()
-    while len(acked) < 40:
+    while len(acked) < 20:
         time.sleep(0.01)
     server.kill9()
     acked_before_kill = list(acked)
@@ -140,7 +140,7 @@ def test_kill9_mid_stream_loses_no_acknowledged_observation(servers, tmp_path):
         t.join(60)
     stop.set()
     view = httpx.get(server.url + "/v1/calibration").json()
-    assert len(acked) == 240 and view["batches"] == 240 and view["pairsSeen"] == 240 * 32
+    assert len(acked) == 120 and view["batches"] == 120 and view["pairsSeen"] == 120 * 32
 
 
 def test_a_corrupt_state_file_is_reported_not_a_crash(servers, tmp_path):

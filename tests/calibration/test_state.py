@@ -82,6 +82,6 @@ def test_tampered_buffer_is_rejected():
     state = CalibrationState(CalibrationConfig(min_pairs=1))
     state.observe("t", "b", [{"wm": [0.2, 0.4], "env": [0.1, 0.3]}])
     data = json.loads(state.dumps())
-    data["debiasing"]["env"] = [0.1, 7.0]
+    data["debiasing"]["env"] = [100000, 7000000]
     with pytest.raises(StateError, match=r"env\[1\]"):
         CalibrationState.from_json(data)

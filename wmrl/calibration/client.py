@@ -41,6 +41,19 @@ def _graded(value: Any) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
+def _numbers(values: Any, name: str) -> list[Optional[float]]:
+    """Python floats (``None`` kept: ungraded) from a list or array; ``ValueError`` on anything else."""
+    out = []
+    for j, v in enumerate(np.asarray(values, dtype=object).reshape(-1).tolist()):
+        if v is None:
+            out.append(None)
+        elif isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ValueError(f"observe: {name}[{j}] must be a number, got {type(v).__name__}")
+        else:
+            out.append(float(v))
+    return out
+
+
 def prepare_groups(groups: Any) -> list[dict]:
     """Validated wire-form groups, ungraded pairs dropped (``ValueError`` on anything else)."""
     if not isinstance(groups, (list, tuple)):
@@ -49,7 +62,7 @@ def prepare_groups(groups: Any) -> list[dict]:
     for i, group in enumerate(groups):
         if not isinstance(group, dict) or "wm" not in group or "env" not in group:
             raise ValueError(f"groups[{i}] must be an object with 'wm' and 'env'")
-        wm, env = list(np.asarray(group["wm"], dtype=object).tolist()), list(np.asarray(group["env"], dtype=object).tolist())
+        wm, env = (_numbers(group[side], f"groups[{i}].{side}") for side in ("wm", "env"))
         if len(wm) != len(env):
             raise ValueError(f"groups[{i}]: wm and env lengths differ ({len(wm)} != {len(env)})")
         kept = [(w, e) for w, e in zip(wm, env) if _graded(w) and _graded(e)]

@@ -12,9 +12,10 @@ next one, so a retry is always among its own recent ids; a trainer silent while
 128 others were active is forgotten, and a retry from it after that would count again.
 
 Rewards are rounded to 6 decimals when they are folded in; the JSON form then
-stores them exactly and compactly (two flat arrays, ~9 bytes a number: the
-default 5000-pair buffer serialises to about 100 KB, far under the 1 MiB limit of
-a ConfigMap), and every replica that loads the state computes the same numbers.
+stores them exactly and compactly as integers in millionths (two flat arrays, ~8
+bytes a number: the default 5000-pair buffer serialises to about 80 KB, far under
+the 1 MiB limit of a ConfigMap), and every replica that loads the state computes
+the same numbers.
 """
 
 from __future__ import annotations
@@ -91,32 +92,49 @@ def _check_id(value: Any, name: str) -> str:
     return value
 
 
+_NUMBER_TYPES = {int, float}
+
+
 def validate_groups(groups: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``[(wm, env), ...]`` from ``[{"task"?, "wm": [...], "env": [...]}, ...]``, or ValueError naming the field."""
+    """``[(wm, env), ...]`` from ``[{"task"?, "wm": [...], "env": [...]}, ...]``, or ValueError naming the field.
+
+    Rewards come back rounded to 6 decimals. Checks are batched over all groups
+    (one array per side) because this runs on every request of the service.
+    """
     if not isinstance(groups, list) or not groups:
         raise ValueError("groups must be a non-empty list")
-    out = []
+    sides: dict[str, list] = {"wm": [], "env": []}
+    sizes = []
     for i, group in enumerate(groups):
         if not isinstance(group, Mapping):
             raise ValueError(f"groups[{i}] must be an object with 'wm' and 'env'")
-        extra = sorted(set(group) - {"task", "wm", "env"})
-        if extra:
-            raise ValueError(f"groups[{i}]: unknown field(s) {extra}")
+        if len(group) > 3 or not set(group) <= {"task", "wm", "env"}:
+            raise ValueError(f"groups[{i}]: unknown field(s) {sorted(set(group) - {'task', 'wm', 'env'})}")
         if "task" in group and not isinstance(group["task"], str):
             raise ValueError(f"groups[{i}].task must be a string")
-        pair = []
         for side in ("wm", "env"):
             values = group.get(side)
-            if not isinstance(values, list) or not values:
+            if type(values) is not list or not values:
                 raise ValueError(f"groups[{i}].{side} must be a non-empty list of numbers")
-            for j, v in enumerate(values):
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise ValueError(f"groups[{i}].{side}[{j}] must be a number, got {type(v).__name__}")
-            pair.append(check_rewards(values, f"groups[{i}].{side}"))
-        if len(pair[0]) != len(pair[1]):
-            raise ValueError(f"groups[{i}]: wm and env lengths differ ({len(pair[0])} != {len(pair[1])})")
-        out.append((np.round(pair[0], DECIMALS), np.round(pair[1], DECIMALS)))
-    return out
+            if not set(map(type, values)) <= _NUMBER_TYPES:  # bool, str, None, nested lists: no
+                j, v = next((j, v) for j, v in enumerate(values) if type(v) not in _NUMBER_TYPES)
+                raise ValueError(f"groups[{i}].{side}[{j}] must be a number, got {type(v).__name__}")
+            sides[side].extend(values)
+        if len(group["wm"]) != len(group["env"]):
+            raise ValueError(f"groups[{i}]: wm and env lengths differ ({len(group['wm'])} != {len(group['env'])})")
+        sizes.append(len(group["wm"]))
+    bounds = np.cumsum(sizes)[:-1]
+    arrays = {}
+    for side, values in sides.items():
+        arr = np.asarray(values, dtype=float)
+        bad = ~((arr >= 0.0) & (arr <= 1.0))  # also catches NaN; JSON has no inf
+        if bad.any():
+            k = int(np.argmax(bad))
+            i = int(np.searchsorted(bounds, k, side="right"))
+            j = k - (int(bounds[i - 1]) if i else 0)
+            raise ValueError(f"groups[{i}].{side}[{j}] = {float(arr[k])!r}: rewards must be finite numbers in [0, 1]")
+        arrays[side] = np.split(np.round(arr, DECIMALS), bounds)
+    return list(zip(arrays["wm"], arrays["env"]))
 
 
 def batch_digest(trainer: str, batch: str) -> str:
@@ -154,11 +172,13 @@ class CalibrationState:
             self._touch(trainer)
             return False
         for wm, env in pairs:
-            self.pairs_evicted += self.debiaser.observe_group(wm, env)
+            self.pairs_evicted += self.debiaser.push_validated(wm, env)
             self.pairs_seen += len(wm)
             self.groups_seen += 1
             # measured after the push (and any refit): the residual left by the current map
-            if self.weighter.observe_group(self.debiaser.calibrate(wm), env) is None:
+            fitted = self.debiaser.map
+            calibrated = wm if fitted is None else np.interp(wm, fitted.x, fitted.y)
+            if self.weighter.observe_checked(calibrated, env) is None:
                 self.groups_skipped += 1
         self.batches += 1
         self.version += 1
@@ -209,7 +229,11 @@ class CalibrationState:
 
     # ---- persistence
     def copy(self) -> "CalibrationState":
-        return copy.deepcopy(self)
+        other = copy.copy(self)
+        other.debiaser = self.debiaser.copy()
+        other.weighter = copy.copy(self.weighter)
+        other.recent = {k: list(v) for k, v in self.recent.items()}
+        return other
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -219,7 +243,7 @@ class CalibrationState:
             "counters": {"pairsSeen": self.pairs_seen, "pairsEvicted": self.pairs_evicted,
                          "groupsSeen": self.groups_seen, "groupsSkipped": self.groups_skipped,
                          "batches": self.batches},
-            "debiasing": self.debiaser.state_dict(),
+            "debiasing": _micro_buffer(self.debiaser.state_dict()),
             "denoising": self.weighter.state_dict(),
             "recentBatches": self.recent,
         }
@@ -239,7 +263,7 @@ class CalibrationState:
             state.pairs_seen, state.pairs_evicted = int(counters["pairsSeen"]), int(counters["pairsEvicted"])
             state.groups_seen, state.groups_skipped = int(counters["groupsSeen"]), int(counters["groupsSkipped"])
             state.batches = int(counters["batches"])
-            state.debiaser.load_state_dict(data["debiasing"])
+            state.debiaser.load_state_dict(_float_buffer(data["debiasing"]))
             state.weighter.load_state_dict(data["denoising"])
             recent = data["recentBatches"]
             if not isinstance(recent, Mapping) or not all(
@@ -247,8 +271,6 @@ class CalibrationState:
             ):
                 raise ValueError("recentBatches must map trainer ids to lists of digests")
             state.recent = {str(k): list(v) for k, v in recent.items()}
-            if len(state.debiaser) > state.config.buffer_size:
-                raise ValueError("buffer holds more pairs than bufferSize")
             return state
         except StateError:
             raise
@@ -265,10 +287,24 @@ class CalibrationState:
         return cls.from_json(data)
 
 
+def _micro_buffer(debiasing: dict) -> dict:
+    """Buffer rewards as integers in millionths: exact (they are rounded on the way in) and fast to (de)serialise."""
+    out = dict(debiasing)
+    for side in ("wm", "env"):
+        out[side] = np.rint(np.asarray(debiasing[side]) * 10**DECIMALS).astype(np.int64).tolist()
+    return out
+
+
+def _float_buffer(debiasing: Any) -> dict:
+    out = dict(debiasing)
+    for side in ("wm", "env"):
+        values = debiasing[side]
+        if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"debiasing.{side} must be a list of integers (millionths)")
+        out[side] = np.asarray(values, dtype=np.int64) / 10**DECIMALS
+    return out
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
-
-def fold_all(state: CalibrationState, batches: Sequence[tuple[str, str, Any]]) -> list[bool]:
-    """Observe several ``(trainer, batch, groups)`` in order; the applied flag of each."""
-    return [state.observe(t, b, g) for t, b, g in batches]

@@ -146,32 +146,34 @@ class ConfigMapStore:
     def describe(self) -> str:
         return f"ConfigMap {self.namespace}/{self.name}"
 
-    # ---- raw API (JSON in, JSON out: the typed models are slow on a 100 KB object)
-    def _call(self, method: str, *args: Any, body: Any = None) -> dict:
-        from kubernetes.client.exceptions import ApiException
-
-        kwargs = {"_preload_content": False, "_request_timeout": self.timeout}
-        if body is not None:
-            kwargs["body"] = body
+    # ---- raw API: JSON bytes in and out. The typed client validates and converts a 100 KB
+    # object through pydantic models on every call, which costs more than the request itself.
+    def _request(self, method: str, path: str, body: Optional[dict] = None) -> tuple[int, Optional[dict]]:
+        client = self.api.api_client
+        _, url, headers, _, _ = client.param_serialize(
+            method=method, resource_path=path, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json", "Content-Type": "application/json"})
         try:
-            response = getattr(self.api, method)(*args, **kwargs)
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                raise
-            raise StoreError(f"{self.describe()}: {method} failed: HTTP {exc.status} {exc.reason}") from None
+            response = client.rest_client.pool_manager.request(
+                method, url, body=None if body is None else json.dumps(body, separators=(",", ":")).encode(),
+                headers=headers, timeout=self.timeout)
         except Exception as exc:  # connection refused, timeouts, TLS: all transient for us
             raise StoreError(f"{self.describe()}: {method} failed: {exc}") from None
-        return json.loads(response.data)
+        data = json.loads(response.data) if response.data else None
+        if response.status in (200, 201, 404, 409):
+            return response.status, data
+        message = (data or {}).get("message", "") if isinstance(data, dict) else ""
+        raise StoreError(f"{self.describe()}: {method} failed: HTTP {response.status} {message}".rstrip())
+
+    def _path(self, named: bool = True) -> str:
+        base = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        return f"{base}/{self.name}" if named else base
 
     def _read_object(self) -> Optional[dict]:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self._call("read_namespaced_config_map", self.name, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        status, data = self._request("GET", self._path())
+        if status == 409:
+            raise StoreError(f"{self.describe()}: unexpected 409 on read")
+        return data if status == 200 else None
 
     def _parse(self, obj: Optional[dict]) -> CalibrationState:
         text = ((obj or {}).get("data") or {}).get(KEY, "")
@@ -188,38 +190,34 @@ class ConfigMapStore:
         return self._parse(self._read_object())
 
     def transact(self, fn: Callable[[CalibrationState], T]) -> tuple[T, CalibrationState]:
-        from kubernetes.client.exceptions import ApiException
-
         with self._mutex:
             for _ in range(self.max_attempts):
                 if self._cache is None:
                     obj = self._read_object()
-                    self._cache = (obj, self._parse(obj)) if obj is not None else None
-                    if obj is None:
+                    if obj is None:  # missing: create it (409 if another writer was first)
                         state = CalibrationState(self.config)
                         result = fn(state)
-                        try:
-                            created = self._call("create_namespaced_config_map", self.namespace,
-                                                 body=self._body(None, state))
-                        except ApiException:  # 409: someone created it first; 404: no namespace
-                            self.conflicts += 1
-                            continue
-                        self._cache = (created, state.copy())
-                        return result, state
+                        status, created = self._request("POST", self._path(named=False), self._body(None, state))
+                        if status in (200, 201):
+                            self._cache = (created, state.copy())
+                            return result, state
+                        self.conflicts += 1
+                        if status == 404:
+                            raise StoreError(f"{self.describe()}: namespace {self.namespace} not found")
+                        continue
+                    self._cache = (obj, self._parse(obj))
                 obj, cached = self._cache
                 state = cached.copy()
                 result = fn(state)
                 if state.version == cached.version and (obj.get("data") or {}).get(KEY):
                     return result, state
-                try:
-                    written = self._call("replace_namespaced_config_map", self.name, self.namespace,
-                                         body=self._body(obj, state))
-                except ApiException:  # 409: stale resourceVersion; 404: deleted meanwhile
-                    self.conflicts += 1
-                    self._cache = None
-                    continue
-                self._cache = (written, state.copy())
-                return result, state
+                status, written = self._request("PUT", self._path(), self._body(obj, state))
+                if status in (200, 201):
+                    self._cache = (written, state.copy())
+                    return result, state
+                # 409: our resourceVersion is stale; 404: deleted meanwhile. Re-read and re-apply.
+                self.conflicts += 1
+                self._cache = None
             raise StoreError(f"{self.describe()}: still conflicting after {self.max_attempts} attempts")
 
     def _body(self, obj: Optional[dict], state: CalibrationState) -> dict:
