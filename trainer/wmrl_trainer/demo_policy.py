@@ -1,0 +1,249 @@
+"""``builtin:tiny-coder``: a policy small enough to learn on a CPU, built with no download.
+
+This is a DEMO-SCALE policy. Real runs train real models (Hugging Face ids) on GPUs; the
+tiny coder exists so that ``wmrl run examples/quickstart.yaml`` shows WMRL learning on a
+laptop in minutes.
+
+* **Tokenizer** (``tokenizers`` wrapped in transformers' fast tokenizer): every code chunk
+  of :mod:`wmrl_trainer.solutions` (a few whole lines) is ONE token, so a full solution
+  script is ~5 tokens. Prompt text is reduced to a handful of keywords: a normalizer
+  lower-cases it and deletes every word that is not in :data:`PROMPT_WORDS` (task kind,
+  metric, direction, a few generic data words), so whatever the prompt template says, the
+  model sees e.g. ``<bos> classification accuracy higher`` -- a few tokens that carry what
+  it needs to condition on, and the same words for held-out tasks as for training tasks.
+  No chat template on purpose: the trainer then passes prompts as plain text, tokenized
+  with the ``<bos>`` the warm start saw.
+* **Model**: a 2-layer Qwen2-architecture causal LM (hidden 64) built from a config.
+* **Warm start**: a short supervised stage on random solution scripts
+  (:func:`wmrl_trainer.solutions.sample_script`: good and bad choices mixed, independent of
+  the task), so the starting policy writes code that mostly compiles but lands on every
+  rung of the reward ladder; RL has to learn which estimator suits which task.
+  The result is cached under ``<cache_dir>/tiny-coder-<content hash>/``: the hash covers
+  the chunk library, the vocabulary, the model config, the SFT recipe and the library
+  versions, so any change rebuilds it and an unchanged recipe loads in about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from wmrl_trainer import solutions
+
+RECIPE_VERSION = "1"
+BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
+PROMPT_WORDS: tuple[str, ...] = (
+    "classification", "regression", "class", "binary",
+    "accuracy", "f1_macro", "r2", "rmse", "mae", "higher", "lower",
+    "linear", "non", "noisy", "noise", "sparse", "synthetic", "images", "scales", "gaussian", "informative",
+)
+"""The only prompt words the tiny model sees (after lower-casing); every other word is dropped."""
+
+MODEL_SIZES = {"hidden": 64, "layers": 2, "heads": 4}
+SFT = {"examples": 4000, "steps": 400, "batch": 64, "lr": 3e-3, "seed": 0}
+BUILTINS = ("tiny-coder",)
+
+
+def default_cache_dir() -> Path:
+    """``$WMRL_CACHE_DIR/policies`` or ``~/.cache/wmrl/policies``."""
+    root = os.environ.get("WMRL_CACHE_DIR")
+    return Path(root) / "policies" if root else Path.home() / ".cache" / "wmrl" / "policies"
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def _keyword_filter() -> str:
+    """An Oniguruma pattern matching every word that is NOT a prompt keyword (to delete it)."""
+    words = "|".join(sorted(PROMPT_WORDS, key=len, reverse=True))
+    return rf"\b(?!(?:{words})\b)\w+\b|[^\w\s]"
+
+
+def build_tokenizer() -> Any:
+    """The tiny coder's tokenizer: code chunks as whole tokens, prompts reduced to keywords."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [PAD, UNK, BOS, EOS]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    for word in PROMPT_WORDS:
+        vocab[word] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.Replace(Regex(_keyword_filter()), " ")])
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.Fuse()  # chunks carry their own newlines: concatenate them as they are
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tok.add_tokens([AddedToken(c.code, normalized=False, special=False) for c in solutions.CHUNKS])
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK, padding_side="left",
+    )
+    return fast
+
+
+def chunk_ids(tokenizer: Any, chunks: list[solutions.Chunk]) -> list[int]:
+    return [tokenizer.convert_tokens_to_ids(c.code) for c in chunks]
+
+
+# ---------------------------------------------------------------- model
+
+def build_model(tokenizer: Any, seed: int = 0) -> Any:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import torch
+
+    h = MODEL_SIZES["hidden"]
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=h, intermediate_size=2 * h, num_hidden_layers=MODEL_SIZES["layers"],
+        num_attention_heads=MODEL_SIZES["heads"], num_key_value_heads=MODEL_SIZES["heads"], max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+# ---------------------------------------------------------------- warm start
+
+_KINDS = {"classification": ("accuracy", "f1_macro"), "regression": ("r2", "rmse", "mae")}
+_HIGHER = {"accuracy": "higher", "f1_macro": "higher", "r2": "higher", "rmse": "lower", "mae": "lower"}
+_EXTRA_WORDS = ("linear", "non linear", "noisy", "sparse", "synthetic", "images", "scales", "gaussian", "informative", "binary")
+
+
+def synthetic_prompt(rng: random.Random) -> str:
+    """A task-like prompt (kind, metric, direction, some data words) for the warm start.
+
+    The warm start pairs such prompts with task-independent scripts, so the starting policy
+    has seen prompts like the real ones but has not learnt to use them: that is RL's job.
+    No real task (held out or not) is used.
+    """
+    kind = rng.choice(sorted(_KINDS))
+    metric = rng.choice(_KINDS[kind])
+    words = rng.sample(_EXTRA_WORDS, rng.randint(0, 2))
+    cls = f"{rng.randint(2, 10)}-class classification" if kind == "classification" else "Regression"
+    return (f"{cls}: a {' '.join(words)} dataset. Metric: {metric} ({_HIGHER[metric]} is better). "
+            "Write a Python script that trains a model and writes submission.csv.")
+
+
+def sft_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) pairs: random prompts, random mixed-quality scripts + EOS."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        prompt = tokenizer(synthetic_prompt(rng))["input_ids"]
+        out.append((prompt, chunk_ids(tokenizer, solutions.sample_script(rng)) + [tokenizer.eos_token_id]))
+    return out
+
+
+def warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], steps: int, batch: int,
+               lr: float, seed: int) -> list[float]:
+    """Supervised next-token training on the completions (prompt tokens masked). Returns losses."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small is slower on several threads, and far slower on a busy machine
+    try:
+        return _warm_start(model, tokenizer, examples, steps, batch, lr, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], steps: int, batch: int,
+                lr: float, seed: int) -> list[float]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(len(examples), (batch,), generator=gen).tolist()
+        seqs = [examples[i][0] + examples[i][1] for i in idx]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((batch, width), tokenizer.pad_token_id)
+        labels = torch.full((batch, width), -100)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            prompt, completion = examples[i]
+            seq = prompt + completion
+            start = width - len(seq)  # left padding, as at generation time
+            ids[row, start:] = torch.tensor(seq)
+            mask[row, start:] = 1
+            labels[row, start + len(prompt):] = torch.tensor(completion)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        loss = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+# ---------------------------------------------------------------- cache + entry point
+
+def recipe_hash() -> str:
+    """Content hash of everything that determines the warm-started weights."""
+    import tokenizers
+    import torch
+    import transformers
+
+    blob = json.dumps({
+        "recipe": RECIPE_VERSION, "chunks": [(c.name, c.slot, c.code) for c in solutions.CHUNKS],
+        "skip": solutions.SKIP_PROBABILITY, "bad": solutions.BAD_PROBABILITY, "words": PROMPT_WORDS,
+        "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT,
+        "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
+    }, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_tiny_coder(directory: Path) -> None:
+    """Build, warm-start and save the tiny coder into ``directory``."""
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=SFT["seed"])
+    examples = sft_examples(tokenizer, SFT["examples"], SFT["seed"])
+    losses = warm_start(model, tokenizer, examples, SFT["steps"], SFT["batch"], SFT["lr"], SFT["seed"])
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "warm_start.json").write_text(json.dumps({"final_loss": sum(losses[-20:]) / 20, "steps": len(losses)}))
+
+
+def builtin_path(name: str, cache_dir: str | Path | None = None) -> Path:
+    """The directory holding builtin policy ``name``, built (atomically) on first use."""
+    if name not in BUILTINS:
+        raise ValueError(f"spec.policy.model: unknown builtin policy 'builtin:{name}'; builtins: {list(BUILTINS)}")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / f"{name}-{recipe_hash()}"
+    if (target / "warm_start.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-building-", dir=root))
+    try:
+        build_tiny_coder(staging)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "warm_start.json").is_file():  # not a lost race with a finished builder
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_builtin(name: str, cache_dir: str | Path | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of builtin policy ``name`` (``tiny-coder``), warm-started and cached."""
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    path = builtin_path(name, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    return Qwen2ForCausalLM.from_pretrained(path), tokenizer
