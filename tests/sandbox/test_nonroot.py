@@ -34,10 +34,13 @@ def nonroot(tmp_path_factory):
 
 
 def marker_processes() -> list[int]:
+    """Live sandboxed processes of this server (other servers on the machine run as other users)."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
+                if os.stat(f"/proc/{name}").st_uid != SERVER_UID:
+                    continue
                 with open(f"/proc/{name}/environ", "rb") as fh:
                     if b"WMRL_SANDBOX_EXECUTION=" in fh.read():
                         found.append(int(name))
