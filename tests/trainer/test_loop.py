@@ -173,3 +173,29 @@ def test_a_mode_missing_its_parts_is_rejected_naming_the_field():
                  selector=AnchorSelector())
     with pytest.raises(ValueError, match="sandbox"):
         WMRLStep("real", algorithm())
+
+
+def test_late_anchors_train_on_world_model_rewards_and_reach_calibration_when_done():
+    executor = ScriptedExecutor(delay=0.4, slots=64)
+    cal = calibration()
+    step = wmrl_step(executor=executor, cal=cal, anchor_wait=0.0, fraction=0.5)
+    tasks = make_tasks(B)
+    first = step.score(step.submit(0, tasks, codes_for(0)))
+    assert first.anchor_groups == [] and first.record.late_anchors == 4
+    assert first.record.execution < 0.3  # the trainer did not wait for the sandboxes
+    np.testing.assert_allclose(first.rewards, first.calibrated)
+    assert cal.view()["pairsSeen"] == 0
+    import time
+
+    time.sleep(0.8)  # the late executions finish while the trainer does other work
+    second = step.score(step.submit(1, tasks, codes_for(1)))
+    assert second.record.late_folded == 4 and second.record.dropped_anchors == 0
+    assert cal.view()["pairsSeen"] == 4 * G
+    assert len(step.world_model.observed) == 4 * G
+    executor.close()
+
+
+def test_anchor_wait_long_enough_uses_real_rewards_as_usual():
+    step = wmrl_step(executor=ScriptedExecutor(delay=0.05, slots=64), anchor_wait=5.0)
+    scored = run(step, 1)[0]
+    assert scored.anchor_groups and scored.record.late_anchors == 0

@@ -15,6 +15,15 @@ One step, mode ``wmrl`` (``docs/trainer.md`` has the timeline):
    (``debiasing.enabled``) or raw WM; the anchor weight comes from the calibration
    (``denoising.enabled``, else 1).
 
+Off the critical path (``anchor_wait`` seconds, opt-in): in mode ``wmrl`` the trainer
+waits at most that long for anchors after the world model is done. Anchor groups not
+finished by then are *late*: this step trains them on (calibrated) world-model rewards
+like any other group, and their (WM, real) pairs reach the calibration and the learned
+world model at the first step after they finish. The paper's semantics (every anchor
+group trained on real rewards, deterministic given the seed) is the default
+(``anchor_wait=None``: wait up to ``execution_timeout``). Late groups still running at a
+checkpoint are not saved: a restart loses at most those pairs.
+
 Mode ``real`` executes every rollout (a failed execution is ungraded); mode
 ``worldModel`` only asks the world model (no anchors, no correction). Ungraded rows
 are NaN: they never reach the loss (see :mod:`wmrl_trainer.grpo`).
@@ -75,6 +84,8 @@ class StepRecord:
     anchor_groups: int = 0
     anchor_fraction: Optional[float] = None
     dropped_anchors: int = 0
+    late_anchors: int = 0
+    late_folded: int = 0
     bias_reduction: Optional[float] = None
     weight: Optional[float] = None
     executions: int = 0
@@ -120,6 +131,23 @@ class _Pending:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+@dataclass
+class _LateGroup:
+    pending: _Pending
+    group: int
+    wm: np.ndarray
+    expires: float
+
+
+def _result(future: cf.Future, key: tuple[int, int]) -> Optional[Outcome]:
+    """A finished execution's outcome, or None when it failed (sandbox down, HTTP error, grader error)."""
+    try:
+        return future.result()
+    except Exception as exc:  # this execution is lost, not the step
+        log.warning("execution of group %d row %d failed: %s", key[0], key[1], exc)
+        return None
+
+
 def _nanmean(values: np.ndarray) -> Optional[float]:
     finite = values[~np.isnan(values)]
     return float(finite.mean()) if finite.size else None
@@ -142,6 +170,7 @@ class WMRLStep:
         calibration: Any = None,
         selector: Any = None,
         execution_timeout: float = 660.0,
+        anchor_wait: Optional[float] = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.mode = Mode(mode)
@@ -151,6 +180,8 @@ class WMRLStep:
         self.calibration = calibration
         self.selector = selector
         self.execution_timeout = float(execution_timeout)
+        self.anchor_wait = None if anchor_wait is None else max(0.0, float(anchor_wait))
+        self._late: list[_LateGroup] = []
         self.clock = clock
         if self.mode is not Mode.REAL and world_model is None:
             raise ValueError(f"spec.mode {self.mode.value!r} needs a world model (spec.worldModel)")
@@ -222,7 +253,8 @@ class WMRLStep:
             record.world_model = self.clock() - t0
 
         t0 = self.clock()
-        real, outcomes, failed = self._collect(pending, n_groups, group_size)
+        wait = self.anchor_wait if self.mode is Mode.WMRL and self.anchor_wait is not None else self.execution_timeout
+        real, outcomes, failed, late = self._collect(pending, n_groups, group_size, wait)
         record.execution = self.clock() - t0
         record.executions = len(pending.executions)
         record.failed_executions = len(failed)
@@ -230,14 +262,20 @@ class WMRLStep:
             record.sandbox_seconds = float(sum(pending.durations.values()))
 
         t0 = self.clock()
-        anchors = [g for g in pending.anchors if not any(key[0] == g for key in failed)]
-        record.dropped_anchors = len(pending.anchors) - len(anchors) if self.mode is Mode.WMRL else 0
+        anchors = [g for g in pending.anchors if g not in late and not any(key[0] == g for key in failed)]
+        for g in late:  # real results still coming: fold them into calibration when they arrive
+            self._late.append(_LateGroup(pending, g, wm[g].copy(), self.clock() + self.execution_timeout))
+        record.late_anchors = len(late)
+        record.dropped_anchors = len(pending.anchors) - len(anchors) - len(late) if self.mode is Mode.WMRL else 0
+        groups = [(pending.tasks[g], pending.codes[g], wm[g], real[g], [outcomes[(g, i)] for i in range(group_size)])
+                  for g in anchors]
+        groups += self._fold_late(record)
         calibrated = wm.copy()
         weight = 1.0
         if self.mode is Mode.WMRL:
-            groups = [{"task": pending.tasks[g].name, "wm": wm[g].tolist(), "env": real[g].tolist()} for g in anchors]
-            if groups:
-                self.calibration.observe(groups)
+            payload = [{"task": task.name, "wm": w.tolist(), "env": r.tolist()} for task, _, w, r, _ in groups]
+            if payload:
+                self.calibration.observe(payload)
             if self.algorithm.debiasing.enabled:
                 calibrated = np.asarray(self.calibration.calibrate(wm), dtype=float).reshape(wm.shape)
             if self.algorithm.denoising.enabled:
@@ -248,11 +286,11 @@ class WMRLStep:
             record.calibration_stale_seconds = self.calibration.stale_seconds
         record.calibration = self.clock() - t0
 
-        if self.mode is Mode.WMRL and anchors and hasattr(self.world_model, "observe"):
+        if self.mode is Mode.WMRL and groups and hasattr(self.world_model, "observe"):
             t0 = self.clock()
-            for g in anchors:
-                for i in range(group_size):
-                    self.world_model.observe(pending.tasks[g], pending.codes[g][i], outcomes[(g, i)])
+            for task, codes, _, _, group_outcomes in groups:
+                for code, outcome in zip(codes, group_outcomes):
+                    self.world_model.observe(task, code, outcome)
             record.world_model += self.clock() - t0
 
         if self.mode is Mode.REAL:
@@ -273,33 +311,62 @@ class WMRLStep:
         weighted = anchors if self.mode is Mode.WMRL else []
         return Scored(rewards, weighted, weight, wm, calibrated, real, record)
 
-    def _collect(self, pending: _Pending, n_groups: int, group_size: int):
-        """Real rewards (NaN where not executed or failed), outcomes by row, and the failed row keys."""
+    def _collect(self, pending: _Pending, n_groups: int, group_size: int, wait: float):
+        """Real rewards (NaN where not executed, failed or late), outcomes by row, failed row keys, late groups.
+
+        Executions still running after ``wait`` seconds are abandoned (failed), except in
+        mode ``wmrl`` with ``anchor_wait`` set, where their groups are *late*: trained on
+        world-model rewards now, folded into the calibration when they finish.
+        """
         real = np.full((n_groups, group_size), np.nan)
         outcomes: dict[tuple[int, int], Outcome] = {}
         failed: set[tuple[int, int]] = set()
         if not pending.executions:
-            return real, outcomes, failed
-        done, not_done = cf.wait(list(pending.executions.values()), timeout=self.execution_timeout)
+            return real, outcomes, failed, []
+        _, not_done = cf.wait(list(pending.executions.values()), timeout=wait)
+        keep_late = self.mode is Mode.WMRL and self.anchor_wait is not None
+        late = sorted({key[0] for key, f in pending.executions.items() if f in not_done}) if keep_late else []
         for key, future in pending.executions.items():
+            if key[0] in late:
+                continue
             if future in not_done:
                 future.cancel()
                 failed.add(key)
                 continue
-            try:
-                outcome = future.result()
-            except Exception as exc:  # sandbox down, HTTP error, grader error: this execution is lost, not the step
-                log.warning("execution of group %d row %d failed: %s", key[0], key[1], exc)
-                failed.add(key)
-                continue
+            outcome = _result(future, key)
             if outcome is None:
                 failed.add(key)
                 continue
             outcomes[key] = outcome
             real[key] = outcome.reward
-        if not_done:
-            log.warning("%d executions missed the %.0f s deadline", len(not_done), self.execution_timeout)
-        return real, outcomes, failed
+        if not_done and not keep_late:
+            log.warning("%d executions missed the %.0f s deadline", len(not_done), wait)
+        return real, outcomes, failed, late
+
+    def _fold_late(self, record: StepRecord) -> list[tuple]:
+        """Late anchor groups whose executions have all finished, as (task, codes, wm, real, outcomes); drops expired ones."""
+        ready, waiting = [], []
+        for item in self._late:
+            futures = [item.pending.executions[(item.group, i)] for i in range(len(item.wm))]
+            if all(f.done() for f in futures):
+                outcomes = [_result(f, (item.group, i)) for i, f in enumerate(futures)]
+                with item.pending.lock:
+                    record.sandbox_seconds += sum(item.pending.durations.get((item.group, i), 0.0)
+                                                  for i in range(len(futures)))
+                if all(o is not None for o in outcomes):
+                    real = np.array([o.reward for o in outcomes], dtype=float)
+                    ready.append((item.pending.tasks[item.group], item.pending.codes[item.group], item.wm, real, outcomes))
+                else:
+                    record.dropped_anchors += 1
+            elif self.clock() > item.expires:
+                for f in futures:
+                    f.cancel()
+                record.dropped_anchors += 1
+            else:
+                waiting.append(item)
+        self._late = waiting
+        record.late_folded = len(ready)
+        return ready
 
     def _demand(self) -> int:
         try:

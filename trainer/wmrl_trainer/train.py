@@ -381,12 +381,17 @@ def _ensure_loadable(model: Any, tokenizer: Any, directory: Path) -> None:
 
 def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequence[Task]] = None,
                   world_model: Any = None, dispatcher: Any = None, calibration: Any = None,
-                  callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None) -> WMRLTrainer:
+                  callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None,
+                  anchor_wait: Optional[float] = None) -> WMRLTrainer:
     """A ready :class:`WMRLTrainer`; anything not given is built from ``config`` (see the module docstring).
 
     ``policy`` is ``(model, tokenizer)``; ``tasks`` are the training tasks (held-out tasks are
-    then ``held_out``, default none). What this function builds itself it also closes.
+    then ``held_out``, default none). ``anchor_wait`` (default: ``$WMRL_ANCHOR_WAIT_SECONDS``,
+    else wait for every anchor) takes sandbox execution off the critical path (see
+    :mod:`wmrl_trainer.loop`). What this function builds itself it also closes.
     """
+    if anchor_wait is None and os.environ.get("WMRL_ANCHOR_WAIT_SECONDS"):
+        anchor_wait = float(os.environ["WMRL_ANCHOR_WAIT_SECONDS"])
     import torch
     from datasets import Dataset
 
@@ -420,7 +425,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / "initial-policy")
 
     step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
-                    selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60)
+                    selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60, anchor_wait=anchor_wait)
     by_name = {t.name: t for t in tasks}
     prompts = {t.name: make_prompt(t, tokenizer) for t in tasks}
     names = step_rows(tasks, alg.groups_per_step, alg.steps, alg.seed)
