@@ -105,24 +105,7 @@ def test_client_batches_keeps_its_map_while_the_service_is_away_and_never_double
     assert FileStore(tmp_path / "state.json").load().view()["pairsSeen"] == 22 * 5 * 8
 
 
-def hammer(url, trainer, n_batches, acked, stop):
-    """Post batches, retrying each (same id) until acknowledged; record what was acknowledged."""
-    rng = np.random.default_rng(abs(hash(trainer)) % 2**32)
-    http = httpx.Client(timeout=5)
-    for i in range(n_batches):
-        body = {"trainer": trainer, "batch": str(i), "groups": [group(rng) for _ in range(4)]}
-        while not stop.is_set():
-            try:
-                if http.post(url + "/v1/observations", json=body).status_code == 200:
-                    acked.append((trainer, str(i)))
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.02)
-    http.close()
-
-
-def test_kill9_mid_stream_loses_no_acknowledged_observation(servers, tmp_path):
+def test_kill9_mid_stream_loses_no_acknowledged_observation(servers, hammer, tmp_path):
     path = tmp_path / "state.json"
     server = servers("--state-file", str(path)).start()
     acked, stop = [], threading.Event()
