@@ -1,0 +1,236 @@
+"""``wmrl bench operator``: N WMRLRuns on a real control plane; prints JSON (reported, not asserted).
+
+Measures, with the operator as a separate process (``wmrl operator --standalone``):
+
+- per run, create -> every child present (p50, p95, max), children observed through watches;
+- the time from the first create until the last run has all its children;
+- the operator's peak resident memory (``VmHWM`` from ``/proc/<pid>/status``).
+
+Uses ``KUBECONFIG`` when set, else starts the local control plane of ``tests/cluster``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+GOALS = {"p50_s": 1.0, "p95_s": 3.0, "total_s": 60.0, "operator_peak_rss_mb": 250.0}
+WATCHED = {  # kind -> (typed API class, list method)
+    "ConfigMap": ("CoreV1Api", "list_namespaced_config_map"),
+    "ServiceAccount": ("CoreV1Api", "list_namespaced_service_account"),
+    "Service": ("CoreV1Api", "list_namespaced_service"),
+    "Role": ("RbacAuthorizationV1Api", "list_namespaced_role"),
+    "RoleBinding": ("RbacAuthorizationV1Api", "list_namespaced_role_binding"),
+    "Deployment": ("AppsV1Api", "list_namespaced_deployment"),
+    "Job": ("BatchV1Api", "list_namespaced_job"),
+    "NetworkPolicy": ("NetworkingV1Api", "list_namespaced_network_policy"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="also write the result JSON to PATH")
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the benchmark namespace")
+
+
+def _repo_cluster_module():
+    path = Path(__file__).resolve().parents[2] / "tests" / "cluster" / "cluster.py"
+    if not path.is_file():
+        return None
+    if "wmrl_cluster" in sys.modules:
+        return sys.modules["wmrl_cluster"]
+    spec = importlib.util.spec_from_file_location("wmrl_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["wmrl_cluster"] = module  # dataclasses look their module up while executing it
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kubeconfig_and_kubectl() -> tuple[str, str, Optional[Any]]:
+    cluster_mod = _repo_cluster_module()
+    kubectl = shutil.which("kubectl")
+    if cluster_mod is not None and cluster_mod.binary("kubectl").is_file():
+        kubectl = str(cluster_mod.binary("kubectl"))
+    if os.environ.get("KUBECONFIG"):
+        if not kubectl:
+            raise SystemExit("wmrl bench operator: kubectl not found")
+        return os.environ["KUBECONFIG"], kubectl, None
+    if cluster_mod is None:
+        raise SystemExit("wmrl bench operator: set KUBECONFIG (tests/cluster not found to start a control plane)")
+    cluster = cluster_mod.up()
+    return str(cluster.kubeconfig), str(cluster_mod.binary("kubectl")), cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _peak_rss_mb(pid: int) -> dict[str, float]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            out[key] = int(value.split()[0]) / 1024.0
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    idx = min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))
+    return ordered[idx]
+
+
+class ChildWatcher:
+    """Watches every child kind in one namespace; records when each (kind, name) first appeared."""
+
+    def __init__(self, api_client: Any, namespace: str):
+        self.api = api_client
+        self.ns = namespace
+        self.seen: dict[tuple[str, str], float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._watch, args=(kind, *where), daemon=True)
+                        for kind, where in WATCHED.items()]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def _watch(self, kind: str, api_class: str, method: str) -> None:
+        from kubernetes import client as k8s_client
+        from kubernetes import watch
+
+        lister = getattr(getattr(k8s_client, api_class)(self.api), method)
+        while not self.stop.is_set():
+            try:
+                for event in watch.Watch().stream(lister, self.ns, timeout_seconds=30,
+                                                  label_selector="app.kubernetes.io/managed-by=wmrl-operator"):
+                    name = event["object"].metadata.name
+                    with self.lock:
+                        self.seen.setdefault((kind, name), time.time())
+                    if self.stop.is_set():
+                        return
+            except Exception:  # reconnect
+                time.sleep(0.1)
+
+
+def main(args: argparse.Namespace) -> int:
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    from wmrl.api.crd import crd_yaml
+    from wmrl.api.schema import parse_spec
+    from wmrl_operator import builders
+
+    kubeconfig, kubectl, started_cluster = _kubeconfig_and_kubectl()
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+
+    def kc(*a: str, input: Optional[str] = None) -> None:
+        subprocess.run([kubectl, *a], input=input, text=True, env=env, check=True, capture_output=True)
+
+    kc("apply", "-f", "-", input=crd_yaml())
+    kc("wait", "--for", "condition=established", "crd/wmrlruns.wmrl.dev", "--timeout=60s")
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    kc("create", "namespace", ns)
+
+    k8s_config.load_kube_config(config_file=kubeconfig)
+    api_client = k8s_client.ApiClient()
+    custom = k8s_client.CustomObjectsApi(api_client)
+    spec = {"policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers"},
+            "tasks": {"builtin": "mini-ml"}, "trainer": {"gpusPerNode": 0}}
+    names = [f"b{i:03d}" for i in range(args.runs)]
+    expected = {n: {(o["kind"], o["metadata"]["name"])
+                    for o in builders.children(builders.Run(n, ns, "x"), parse_spec(spec))} for n in names}
+
+    health = _free_port()
+    log = tempfile.NamedTemporaryFile(prefix="wmrl-bench-operator-", suffix=".log", delete=False)
+    op = subprocess.Popen([sys.executable, "-m", "wmrl.cli", "operator", "--standalone", "--namespace", ns,
+                           "--health-port", str(health), "--metrics-port", "0", "--resync-interval", "10"],
+                          env=env, stdout=log, stderr=subprocess.STDOUT)
+    result: dict[str, Any] = {}
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        baseline = _peak_rss_mb(op.pid)
+        watcher = ChildWatcher(api_client, ns)
+        watcher.start()
+        time.sleep(0.5)
+        created: dict[str, float] = {}
+        for name in names:
+            body = {"apiVersion": "wmrl.dev/v1alpha1", "kind": "WMRLRun", "metadata": {"name": name}, "spec": spec}
+            custom.create_namespaced_custom_object("wmrl.dev", "v1alpha1", ns, "wmrlruns", body)
+            created[name] = time.time()
+        done: dict[str, float] = {}
+        give_up = time.monotonic() + args.timeout
+        while len(done) < len(names) and time.monotonic() < give_up:
+            with watcher.lock:
+                seen = dict(watcher.seen)
+            for name in names:
+                if name not in done and all(k in seen for k in expected[name]):
+                    done[name] = max(seen[k] for k in expected[name])
+            time.sleep(0.05)
+        watcher.stop.set()
+        latencies = [done[n] - created[n] for n in names if n in done]
+        rss = _peak_rss_mb(op.pid)
+        result = {
+            "benchmark": "operator",
+            "runs": len(names),
+            "children_per_run": len(next(iter(expected.values()))),
+            "completed": len(done),
+            "create_to_children_s": {"p50": round(statistics.median(latencies), 3) if latencies else None,
+                                     "p95": round(_percentile(latencies, 0.95), 3) if latencies else None,
+                                     "max": round(max(latencies), 3) if latencies else None,
+                                     "mean": round(statistics.fmean(latencies), 3) if latencies else None},
+            "total_s": round(max(done.values()) - min(created.values()), 3) if done else None,
+            "create_loop_s": round(max(created.values()) - min(created.values()), 3),
+            "operator_peak_rss_mb": round(rss.get("VmHWM", float("nan")), 1),
+            "operator_idle_rss_mb": round(baseline.get("VmRSS", float("nan")), 1),
+            "goals": GOALS,
+        }
+        p = result["create_to_children_s"]
+        result["goals_met"] = {
+            "p50_s": p["p50"] is not None and p["p50"] < GOALS["p50_s"],
+            "p95_s": p["p95"] is not None and p["p95"] < GOALS["p95_s"],
+            "total_s": result["total_s"] is not None and result["total_s"] < GOALS["total_s"],
+            "operator_peak_rss_mb": result["operator_peak_rss_mb"] < GOALS["operator_peak_rss_mb"],
+        }
+    finally:
+        op.terminate()
+        try:
+            op.wait(15)
+        except subprocess.TimeoutExpired:
+            op.kill()
+        if not args.keep:
+            subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], env=env, capture_output=True)
+        if started_cluster is not None and not os.environ.get("WMRL_KEEP_CLUSTER"):
+            started_cluster.down()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0 if result.get("completed") == len(names) else 1
