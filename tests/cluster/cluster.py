@@ -700,6 +700,9 @@ def nodes_manifest() -> str:
 # process management
 
 
+_CHILDREN: Dict[int, subprocess.Popen] = {}
+
+
 def _read_pid(p: _Paths, comp: str) -> Optional[int]:
     try:
         return int(p.pidfile(comp).read_text().strip())
@@ -719,9 +722,17 @@ def _pid_is(pid: int, comp: str) -> bool:
     return os.path.basename(cmd) == comp
 
 
+def _running(pid: int, comp: str) -> bool:
+    if pid in _CHILDREN:
+        # started by this process: poll() is exact (right after the spawn,
+        # /proc/<pid>/cmdline may still show the pre-exec command line)
+        return _CHILDREN[pid].poll() is None
+    return _pid_is(pid, comp)
+
+
 def _alive(p: _Paths, comp: str) -> bool:
     pid = _read_pid(p, comp)
-    return pid is not None and _pid_is(pid, comp)
+    return pid is not None and _running(pid, comp)
 
 
 def _spawn(p: _Paths, comp: str, args: Sequence[str]) -> int:
@@ -735,6 +746,7 @@ def _spawn(p: _Paths, comp: str, args: Sequence[str]) -> int:
                             start_new_session=True, close_fds=True)
     logf.close()
     p.pidfile(comp).write_text(f"{proc.pid}\n")
+    _CHILDREN[proc.pid] = proc
     return proc.pid
 
 
@@ -742,7 +754,7 @@ def _stop(p: _Paths, comp: str, timeout: float = 15.0) -> None:
     pid = _read_pid(p, comp)
     if pid is None:
         return
-    if _pid_is(pid, comp):
+    if _running(pid, comp):
         log(f"stopping {comp} (pid {pid})")
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
             try:
@@ -752,12 +764,11 @@ def _stop(p: _Paths, comp: str, timeout: float = 15.0) -> None:
             except PermissionError:
                 os.kill(pid, sig)
             deadline = time.time() + wait
-            while time.time() < deadline and _pid_is(pid, comp):
+            while time.time() < deadline and _running(pid, comp):
                 time.sleep(0.1)
-            if not _pid_is(pid, comp):
+            if not _running(pid, comp):
                 break
-    with contextlib.suppress(OSError):
-        os.waitpid(pid, os.WNOHANG)  # reap if it was our child
+    _CHILDREN.pop(pid, None)
     with contextlib.suppress(FileNotFoundError):
         p.pidfile(comp).unlink()
 
@@ -818,7 +829,10 @@ def _wait(what: str, pred, timeout: float, p: Optional[_Paths] = None,
             return
         if p is not None and comp is not None and not _alive(p, comp):
             tail = _log_tail(p, comp)
-            raise RuntimeError(f"{comp} exited while waiting for {what}; log tail:\n{tail}")
+            pid = _read_pid(p, comp)
+            rc = _CHILDREN[pid].poll() if pid in _CHILDREN else "?"
+            raise _ComponentExited(f"{comp} (pid {pid}, exit status {rc}) exited while "
+                               f"waiting for {what}; log tail:\n{tail}")
         if time.time() > deadline:
             extra = ("\n" + _log_tail(p, comp)) if (p and comp) else ""
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
@@ -973,33 +987,66 @@ def up(state_dir=None, timeout: float = 120.0, _cli: bool = True) -> Cluster:
         p.kwok_config.write_text(kwok_config(ports))
         p.nodes.write_text(nodes_manifest())
         args = _args(p, ports)
-        try:
-            log("starting etcd")
-            _spawn(p, "etcd", args["etcd"])
-            _wait("etcd health", lambda: _healthy(p, "etcd", ports), 30, p, "etcd")
-            log("starting kube-apiserver")
-            _spawn(p, "kube-apiserver", args["kube-apiserver"])
-            _wait("kube-apiserver /readyz", lambda: _healthy(p, "kube-apiserver", ports),
-                  timeout, p, "kube-apiserver")
-            log(f"kube-apiserver ready after {time.time() - t0:.1f}s")
-            for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
-                log(f"starting {comp}")
-                _spawn(p, comp, args[comp])
-            kubectl("apply", "-f", str(p.nodes), kubeconfig=p.admin_kubeconfig)
-            for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
-                _wait(f"{comp} health", lambda c=comp: _healthy(p, c, ports), timeout, p, comp)
-            _wait("nodes Ready", lambda: _nodes_ready(p), timeout, p, "kwok", interval=0.5)
-            _wait("default ServiceAccount",
-                  lambda: kubectl("get", "serviceaccount", "default", "-n", "default",
-                                  kubeconfig=p.admin_kubeconfig, check=False).returncode == 0,
-                  timeout, p, "kube-controller-manager", interval=0.5)
-        except BaseException:
-            log("startup failed; stopping components (logs in %s)" % p.logs)
-            for comp in reversed(COMPONENTS):
-                _stop(p, comp)
-            raise
+        _check_ports(ports)
+        for attempt in (1, 2):
+            try:
+                _start_once(p, ports, args, timeout, t0)
+                break
+            except BaseException as e:
+                log("startup failed; stopping components (logs in %s)" % p.logs)
+                for comp in reversed(COMPONENTS):
+                    _stop(p, comp)
+                if p.etcd_data.exists():
+                    shutil.rmtree(p.etcd_data)
+                # a component dying during startup (e.g. killed from outside)
+                # gets one more try; timeouts and interrupts do not
+                if attempt == 2 or not isinstance(e, _ComponentExited):
+                    raise
+                log(f"{e}\nretrying once")
         log(f"cluster up in {time.time() - t0:.1f}s; kubeconfig {p.admin_kubeconfig}")
         return _make_cluster(p, ports, started=True)
+
+
+class _ComponentExited(RuntimeError):
+    pass
+
+
+def _check_ports(ports: Dict[str, int]) -> None:
+    busy = []
+    for name, port in ports.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(f"{name}={port}")
+    if busy:
+        raise RuntimeError(
+            f"ports in use: {', '.join(busy)} (another cluster with a different "
+            "WMRL_CLUSTER_DIR?); set WMRL_CLUSTER_PORT_OFFSET to shift all ports")
+
+
+def _start_once(p: _Paths, ports: Dict[str, int], args: Dict[str, List[str]],
+                timeout: float, t0: float) -> None:
+    log("starting etcd")
+    _spawn(p, "etcd", args["etcd"])
+    _wait("etcd health", lambda: _healthy(p, "etcd", ports), 30, p, "etcd")
+    log("starting kube-apiserver")
+    _spawn(p, "kube-apiserver", args["kube-apiserver"])
+    _wait("kube-apiserver /readyz", lambda: _healthy(p, "kube-apiserver", ports),
+          timeout, p, "kube-apiserver")
+    log(f"kube-apiserver ready after {time.time() - t0:.1f}s")
+    for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
+        log(f"starting {comp}")
+        _spawn(p, comp, args[comp])
+    kubectl("apply", "-f", str(p.nodes), kubeconfig=p.admin_kubeconfig)
+    for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
+        _wait(f"{comp} health", lambda c=comp: _healthy(p, c, ports), timeout, p, comp)
+    _wait("nodes Ready", lambda: _nodes_ready(p), timeout, p, "kwok", interval=0.5)
+    _wait("default ServiceAccount",
+          lambda: kubectl("get", "serviceaccount", "default", "-n", "default",
+                          kubeconfig=p.admin_kubeconfig, check=False).returncode == 0,
+          timeout, p, "kube-controller-manager", interval=0.5)
 
 
 def _nodes_ready(p: _Paths) -> bool:
