@@ -51,7 +51,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_observation(body: bytes) -> tuple[str, str, list]:
-    """``(trainer, batch, groups)`` from a request body, or ``BadRequest`` naming the field."""
+    """``(trainer, batch, validated pairs per group)`` from a request body, or ``BadRequest`` naming the field."""
     try:
         data = json.loads(body, parse_constant=_reject_constant)
     except ValueError as exc:
@@ -64,10 +64,10 @@ def parse_observation(body: bytes) -> tuple[str, str, list]:
     try:
         trainer = _check_id(data.get("trainer"), "trainer")
         batch = _check_id(data.get("batch"), "batch")
-        validate_groups(data.get("groups"))
+        pairs = validate_groups(data.get("groups"))
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-    return trainer, batch, data["groups"]
+    return trainer, batch, pairs
 
 
 class Metrics:
@@ -145,7 +145,7 @@ class CalibrationService:
             batches = [(t, b, g) for t, b, g, _ in items]
 
             def fold(state: CalibrationState) -> list[bool]:
-                return [state.observe(t, b, g) for t, b, g in batches]
+                return [state.observe_validated(t, b, g) for t, b, g in batches]
 
             started = time.perf_counter()
             try:

@@ -133,8 +133,11 @@ def validate_groups(groups: Any) -> list[tuple[np.ndarray, np.ndarray]]:
             i = int(np.searchsorted(bounds, k, side="right"))
             j = k - (int(bounds[i - 1]) if i else 0)
             raise ValueError(f"groups[{i}].{side}[{j}] = {float(arr[k])!r}: rewards must be finite numbers in [0, 1]")
-        arrays[side] = np.split(np.round(arr, DECIMALS), bounds)
-    return list(zip(arrays["wm"], arrays["env"]))
+        arrays[side] = np.round(arr, DECIMALS)
+    ends = np.cumsum(sizes).tolist()
+    starts = [0, *ends[:-1]]
+    wm, env = arrays["wm"], arrays["env"]
+    return [(wm[a:b], env[a:b]) for a, b in zip(starts, ends)]
 
 
 def batch_digest(trainer: str, batch: str) -> str:
@@ -167,7 +170,10 @@ class CalibrationState:
         """
         _check_id(trainer, "trainer")
         _check_id(batch, "batch")
-        pairs = validate_groups(groups)
+        return self.observe_validated(trainer, batch, validate_groups(groups))
+
+    def observe_validated(self, trainer: str, batch: str, pairs: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+        """:meth:`observe` for ids and ``validate_groups`` output already checked (the service's path)."""
         if self.seen(trainer, batch):
             self._touch(trainer)
             return False
