@@ -2,7 +2,7 @@
 
 Throughput: ``--replicas`` real ``wmrl calibration serve`` processes share one state
 (a ConfigMap on the cluster named by ``--kubeconfig``/``KUBECONFIG``, else a file);
-``--trainers`` threads post batches of ``--batch-groups`` anchor groups of
+``--trainers`` threads (in this process, on the same machine) post batches of ``--batch-groups`` anchor groups of
 ``--group-size`` rollouts for ``--seconds``, spread over the replicas; the figure is
 acknowledged (durable) groups per second per replica. Printed as JSON, also
 written to ``--json PATH``. Figures are reported, never asserted.
@@ -34,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     parser.add_argument("--kubeconfig", help="use this cluster (default: KUBECONFIG if set, else a file store)")
     parser.add_argument("--namespace", default="default")
-    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--replicas", default="1,2", help="comma-separated replica counts to measure (default %(default)s)")
     parser.add_argument("--trainers", type=int, default=8)
-    parser.add_argument("--batch-groups", type=int, default=64)
+    parser.add_argument("--batch-groups", type=int, default=256, help="groups per POST (the client's default batch)")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=200, help="timing repeats for the fits")
@@ -127,7 +127,7 @@ def _start_replicas(n: int, store_args: list[str], env: dict) -> list[tuple[subp
     return procs
 
 
-def bench_service(args: argparse.Namespace) -> dict[str, Any]:
+def bench_service(args: argparse.Namespace, replicas: int) -> dict[str, Any]:
     import httpx
 
     kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
@@ -142,7 +142,7 @@ def bench_service(args: argparse.Namespace) -> dict[str, Any]:
         path = os.path.join(tmp.name, "state.json")
         store_args = ["--state-file", path]
         store = {"kind": "file", "path": path, "note": "no KUBECONFIG/--kubeconfig: file store, not a ConfigMap"}
-    procs = _start_replicas(args.replicas, store_args, env)
+    procs = _start_replicas(replicas, store_args, env)
     acked = [0] * args.trainers
     latencies: list[float] = []
     stop = threading.Event()
@@ -203,13 +203,13 @@ def bench_service(args: argparse.Namespace) -> dict[str, Any]:
     total = groups / elapsed
     return {
         "store": store,
-        "replicas": args.replicas,
+        "replicas": replicas,
         "trainers": args.trainers,
         "batch_groups": args.batch_groups,
         "group_size": args.group_size,
         "seconds": elapsed,
         "groups_per_s_total": total,
-        "groups_per_s_per_replica": total / args.replicas,
+        "groups_per_s_per_replica": total / replicas,
         "post_latency_ms_p50": 1e3 * statistics.median(latencies) if latencies else None,
         "conflicts_resolved": conflicts,
         "final_pairs_seen": view["pairsSeen"],
@@ -222,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
         "benchmark": "calibration",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_1m": os.getloadavg()[0]},
         "fits": bench_fits(args.repeats),
-        "service": bench_service(args),
+        "service": [bench_service(args, int(n)) for n in str(args.replicas).split(",")],
         "goals": {"groups_per_s_per_replica": ">= 2000", "refit_ms": "< 5", "max_abs_diff_vs_sklearn": "<= 1e-9"},
     }
     text = json.dumps(result, indent=2)
