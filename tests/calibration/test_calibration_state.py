@@ -85,3 +85,27 @@ def test_tampered_buffer_is_rejected():
     data["debiasing"]["env"] = [100000, 7000000]
     with pytest.raises(StateError, match=r"env\[1\]"):
         CalibrationState.from_json(data)
+
+
+def test_config_defaults_are_the_schema_defaults_and_roundtrip():
+    from wmrl.api.schema import AlgorithmSpec
+
+    assert CalibrationConfig.from_spec(AlgorithmSpec()) == CalibrationConfig()
+    custom = CalibrationConfig.from_spec(AlgorithmSpec.model_validate({"debiasing": {"bins": 20}, "denoising": {"warmup": 8}}))
+    assert CalibrationConfig.from_json(json.loads(json.dumps(custom.to_json()))) == custom
+    with pytest.raises(ValueError, match="unknown field"):
+        CalibrationConfig.from_json({"bogus": 1})
+    with pytest.raises(ValueError, match="target_weight <= max_weight"):
+        CalibrationConfig(target_weight=5.0, max_weight=4.0)
+
+
+def test_service_takes_its_config_from_the_operator_env(monkeypatch):
+    import argparse
+
+    from wmrl.calibration.service import add_arguments, config_from_args
+
+    monkeypatch.setenv("WMRL_CALIBRATION_CONFIG", json.dumps(CalibrationConfig(bins=20, warmup=8).to_json()))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args(["--state-file", "x"])) == CalibrationConfig(bins=20, warmup=8)
+    assert config_from_args(parser.parse_args(["--state-file", "x", "--bins", "5"])).bins == 5

@@ -23,6 +23,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -218,8 +220,24 @@ def _error(message: str, status: int) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+CONFIG_ENV = "WMRL_CALIBRATION_CONFIG"
+
+
+def config_defaults() -> CalibrationConfig:
+    """The paper's defaults, or the camelCase JSON in ``$WMRL_CALIBRATION_CONFIG`` (set by the operator)."""
+    text = os.environ.get(CONFIG_ENV)
+    if not text:
+        return CalibrationConfig()
+    try:
+        return CalibrationConfig.from_json(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        print(f"wmrl calibration serve: invalid ${CONFIG_ENV}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    d = CalibrationConfig()
+    """Flags for every knob; their defaults come from :func:`config_defaults` (explicit flags win)."""
+    d = config_defaults()
     parser.add_argument("--bins", type=int, default=d.bins, help="isotonic bins on [0,1] (default %(default)s)")
     parser.add_argument("--min-pairs", type=int, default=d.min_pairs, help="pairs before the first fit (default %(default)s)")
     parser.add_argument("--refit-every", type=int, default=d.refit_every, help="new pairs between fits (default %(default)s)")
@@ -253,7 +271,7 @@ def main(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         store = open_store(args.configmap, args.state_file, config, kubeconfig=args.kubeconfig)
     except ValueError as exc:
-        print(f"wmrl calibration serve: {exc}", flush=True)
+        print(f"wmrl calibration serve: {exc}", file=sys.stderr)
         return 2
     service = CalibrationService(store, args.max_body_bytes)
     web.run_app(service.app(), host=args.host, port=args.port, access_log=None,

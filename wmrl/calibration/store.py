@@ -160,7 +160,7 @@ class ConfigMapStore:
         except Exception as exc:  # connection refused, timeouts, TLS: all transient for us
             raise StoreError(f"{self.describe()}: {method} failed: {exc}") from None
         data = json.loads(response.data) if response.data else None
-        if response.status in (200, 201, 404, 409):
+        if response.status in (200, 201, 404, 409) or (response.status == 403 and method == "POST"):
             return response.status, data
         message = (data or {}).get("message", "") if isinstance(data, dict) else ""
         raise StoreError(f"{self.describe()}: {method} failed: HTTP {response.status} {message}".rstrip())
@@ -201,6 +201,9 @@ class ConfigMapStore:
                         if status in (200, 201):
                             self._cache = (created, state.copy())
                             return result, state
+                        if status == 403:
+                            raise StoreError(f"{self.describe()} is missing and this service may not create it "
+                                             "(HTTP 403): the operator recreates it, or grant 'create' on configmaps")
                         self.conflicts += 1
                         if status == 404:
                             raise StoreError(f"{self.describe()}: namespace {self.namespace} not found")
