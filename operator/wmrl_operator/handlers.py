@@ -56,7 +56,7 @@ async def _run(trigger: str, coro) -> None:
     except Exception as exc:
         RECONCILES.labels(trigger, "error").inc()
         if _temporary(exc):
-            raise kopf.TemporaryError(f"{trigger}: {exc}", delay=2) from exc
+            raise kopf.TemporaryError(f"{trigger}: {type(exc).__name__}: {exc}", delay=2) from exc
         raise
     else:
         RECONCILES.labels(trigger, "ok").inc()

@@ -79,7 +79,8 @@ class Kube:
         self._session = aiohttp.ClientSession(
             base_url=self.cfg.host.rstrip("/") + "/",
             connector=aiohttp.TCPConnector(ssl=ctx, limit=64),
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            # Per-request socket timeouts, not a total one: waiting for a pooled connection is not an error.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout),
         )
 
     async def close(self) -> None:

@@ -37,6 +37,9 @@ CalibrationFetch = Callable[[str], Awaitable[Optional[dict[str, Any]]]]
 class Settings:
     operator_image: str = builders.DEFAULT_OPERATOR_IMAGE
     calibration_timeout: float = 1.0
+    # Runs reconciled at once. Bounded so that a burst of new runs is served roughly first come,
+    # first served (each finishes in a few requests' time) instead of all progressing slowly.
+    max_concurrent: int = 8
 
 
 def _no_events(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -52,12 +55,13 @@ class Reconciler:
         self.fetch_calibration = fetch_calibration
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.recommendations = Recommendations()
+        self.slots = asyncio.Semaphore(settings.max_concurrent)
 
     # ------------------------------------------------------------ entry points
 
     async def reconcile(self, namespace: str, name: str, apply_children: bool = True) -> None:
         """Converge run ``namespace/name``; ``apply_children`` re-applies every child (spec events)."""
-        async with self.locks[(namespace, name)]:
+        async with self.locks[(namespace, name)], self.slots:
             body = await self._get_run(namespace, name)
             if body is None:
                 return
@@ -65,7 +69,7 @@ class Reconciler:
 
     async def housekeeping(self, namespace: str, name: str) -> None:
         """Periodic: deadline, TTL, sandbox autoscaling (cheap when nothing changes)."""
-        async with self.locks[(namespace, name)]:
+        async with self.locks[(namespace, name)], self.slots:
             body = await self._get_run(namespace, name)
             if body is None:
                 return

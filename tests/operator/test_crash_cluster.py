@@ -8,7 +8,7 @@ from conftest import Operator, run_manifest, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-RUNS = [f"crash-{i}" for i in range(6)]
+RUNS = [f"crash-{i}" for i in range(3)]
 
 
 def test_sigkill_during_reconcile_then_restart_creates_no_duplicates(kube, crd_installed, namespace, tmp_path):
