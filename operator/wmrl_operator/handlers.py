@@ -138,7 +138,9 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
                 log.warning("job event reconcile failed: %s", exc, extra={"run": run, "namespace": namespace})
 
     if config.webhook:
-        @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", registry=registry)
+        # ignore_failures: failurePolicy Ignore — the reconciler validates again, so an operator that is
+        # down (or uninstalled, leaving the configuration behind) never blocks kubectl.
+        @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-spec", ignore_failures=True, registry=registry)
         def validate(spec: Any, **_: Any) -> None:
             """The same pydantic validation as the reconciler, at admission time."""
             try:
