@@ -280,8 +280,8 @@ def trainer_service(run: Run) -> dict[str, Any]:
 
 
 def _hardened_security() -> tuple[dict[str, Any], dict[str, Any]]:
-    pod = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
-           "seccompProfile": {"type": "RuntimeDefault"}}
+    # The images set a numeric non-root USER; runAsNonRoot makes the kubelet refuse anything else.
+    pod = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
                  "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
     return pod, container
@@ -304,7 +304,7 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         "args": ["wmrl", "sandbox", "serve", "--port", str(SANDBOX_PORT)],
         "env": [{"name": "WMRL_SANDBOX_SLOTS", "value": str(s.slots_per_pod)},
                 {"name": "WMRL_SANDBOX_TIMEOUT_SECONDS", "value": str(s.timeout_seconds)},
-                {"name": "WMRL_SANDBOX_WORK_DIR", "value": WORK_DIR}],
+                {"name": "WMRL_SANDBOX_WORK_DIR", "value": f"{WORK_DIR}/exec"}],
         "ports": [{"name": "http", "containerPort": SANDBOX_PORT}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": SANDBOX_PORT}, "periodSeconds": 5},
         "securityContext": container_sec,
