@@ -121,3 +121,17 @@ def test_ungraded_rows_never_reach_the_loss(tmp_path):
     assert (mask[torch.tensor(ungraded)] == 0).all()
     assert (out["advantages"][torch.tensor(ungraded)] == 0).all()
     assert out["num_items_in_batch"] == out["completion_mask"].sum()
+
+
+def test_evaluate_returns_the_mean_real_reward_and_leaves_training_rng_alone(tmp_path):
+    executor = ScriptedExecutor()
+    trainer = build_trainer(run_config(tmp_path, "real", steps=1), policy=tiny_policy(), tasks=make_tasks(2),
+                            dispatcher=executor)
+    try:
+        rng = torch.get_rng_state()
+        value = trainer.evaluate(make_tasks(2), samples_per_task=3)
+        assert torch.equal(rng, torch.get_rng_state())
+    finally:
+        trainer.close()
+    assert len(executor.runs) == 6
+    assert 0.5 <= value <= 1.0  # the scripted executor grades every script as a valid submission

@@ -136,6 +136,7 @@ def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool) -> Any:
         use_vllm=use_vllm,
         use_cpu=not use_cuda,
         bf16=use_cuda,
+        gradient_checkpointing=use_cuda,  # TRL turns it on by default; a CPU-sized model only pays the recompute
         report_to="none",
         save_strategy="no",
         logging_strategy="steps",
