@@ -442,8 +442,14 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
 
     grpo.remove_callback(PrinterCallback)  # our own one-JSON-line-per-step log replaces it
 
-    patcher = StatusPatcher(config.metadata.name, config.metadata.namespace) if config.runtime.patch_status else None
-    metrics = TrainerMetrics(config.runtime.metrics_port) if config.runtime.metrics_port is not None else None
+    patcher = metrics = None
+    try:  # progress reporting must never keep training from running
+        if config.runtime.patch_status:
+            patcher = StatusPatcher(config.metadata.name, config.metadata.namespace)
+        if config.runtime.metrics_port is not None:
+            metrics = TrainerMetrics(config.runtime.metrics_port)
+    except Exception as exc:
+        log.warning("progress reporting disabled: %s", exc)
     reporter = ProgressReporter(Totals(), alg.steps, patcher, metrics)
     return WMRLTrainer(config, grpo, step, tasks=tasks, held_out=held_out, reporter=reporter,
                        callbacks=callbacks, owned=owned)
