@@ -55,8 +55,9 @@ def test_trainer_success_makes_run_succeeded_and_scales_pools_down(kube, operato
     assert status["completionTime"]
     assert condition(kube, "beta", "Complete")["status"] == "True"
     wait_for(lambda: kube.get("deployment", "beta-sandbox")["spec"]["replicas"] == 0, what="sandbox at 0")
-    events = kube.run("get", "events", "-n", kube.ns, "--field-selector", "involvedObject.name=beta").stdout
-    assert "TrainerCompleted" in events
+    # kopf posts events in the background: wait for it rather than racing it.
+    wait_for(lambda: "TrainerCompleted" in kube.run("get", "events", "-n", kube.ns, "--field-selector",
+                                                    "involvedObject.name=beta").stdout, what="TrainerCompleted event")
 
 
 def test_failed_trainer_restarts_up_to_max_then_run_fails(kube, operator):
