@@ -151,3 +151,25 @@ def test_continuous_scores_keep_within_bucket_differences(corpus):
     outs = wm.grade([(t, c) for t, c, _ in corpus])
     valid = [o for o in outs if o.status is Status.VALID]
     assert len({o.rank_score for o in valid}) > 4 * len({o.quality_bucket for o in valid})
+
+
+@pytest.mark.slow
+def test_optional_minilm_embeddings_extend_the_features(corpus):
+    from wmrl_trainer.world_model.features import N_FEATURES, CodeEmbedder
+
+    embedder = CodeEmbedder(dims=16, seed=0, max_length=128)  # the bundled MiniLM, loaded offline
+    a = LearnedWorldModel(seed=0, embeddings=embedder)
+    b = LearnedWorldModel(seed=0, embeddings=embedder)
+    assert a.dim == N_FEATURES + 16
+    observe, held_out = corpus[:24], corpus[24:36]
+    before, _, real = _rewards(a, held_out)
+    _rewards(a, observe)  # embeds the batch at once (and fills the cache observe uses)
+    for task, code, outcome in observe:
+        a.observe(task, code, outcome)
+        b.observe(task, code, outcome)
+    after, _, _ = _rewards(a, held_out)
+    assert np.mean((after - real) ** 2) < np.mean((before - real) ** 2)
+    # b embedded codes one at a time, a in batches: padding changes the last bit of MiniLM's output.
+    np.testing.assert_allclose(after, _rewards(b, held_out)[0], rtol=1e-9)
+    with pytest.raises(ValueError, match="feature set"):
+        LearnedWorldModel(seed=0).load_state_dict(a.state_dict())

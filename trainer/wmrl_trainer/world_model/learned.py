@@ -34,8 +34,8 @@ import numpy as np
 from wmrl.outcome import BUCKET_RANK_SCORE, LADDER, VALID_BASE, VALID_SPAN, Outcome, QualityBucket, Status
 from wmrl.tasks import Task
 from wmrl_trainer.world_model.base import GatedWorldModel, Item
-from wmrl_trainer.world_model.features import (BASE_FEATURES, FAMILIES, N_FEATURES, TOKEN_BUCKETS, CodeFacts,
-                                               code_facts, featurize)
+from wmrl_trainer.world_model.features import (BASE_FEATURES, FAMILIES, N_FEATURES, TOKEN_BUCKETS, CodeEmbedder,
+                                               CodeFacts, code_facts, featurize)
 
 KINDS = ("classification", "regression")
 # The prior's belief about a valid run's rank score, by family: complexity is always better.
@@ -104,10 +104,11 @@ class PriorJudge:
         return Judgement(p_rt, p_no, quality, mean, float(var))
 
 
-def _penalties() -> np.ndarray:
-    """Ridge penalty per feature: facts and families cheap to move, hashed tokens and crosses dearer."""
+def _penalties(embedding_dims: int = 0) -> np.ndarray:
+    """Ridge penalty per feature: facts and families cheap to move; hashed tokens, crosses, embeddings dearer."""
     return np.concatenate([np.full(len(BASE_FEATURES), 1.0), np.full(len(FAMILIES), 1.0),
-                           np.full(TOKEN_BUCKETS, 3.0), np.full(N_FEATURES - len(BASE_FEATURES) - len(FAMILIES) - TOKEN_BUCKETS, 2.0)])
+                           np.full(TOKEN_BUCKETS, 3.0), np.full(N_FEATURES - len(BASE_FEATURES) - len(FAMILIES) - TOKEN_BUCKETS, 2.0),
+                           np.full(embedding_dims, 3.0)])
 
 
 class _Bagged:
@@ -147,34 +148,52 @@ class LearnedWorldModel(GatedWorldModel):
     """The learned surrogate; ``observe`` real outcomes to correct its prior (see the module docstring).
 
     ``continuous=True`` reports the blended estimate as the rank score itself instead of
-    snapping it to a quality bucket's score (finer ranking within a group).
+    snapping it to a quality bucket's score (finer ranking within a group). ``embeddings=True``
+    adds MiniLM code embeddings (:class:`~.features.CodeEmbedder`) to the features: slower.
     """
 
     def __init__(self, seed: int = 0, members: int = 8, prior_strength: float = 20.0, continuous: bool = False,
-                 judge: Optional[PriorJudge] = None):
+                 judge: Optional[PriorJudge] = None, embeddings: bool | CodeEmbedder = False):
         super().__init__()
         if members < 2:
             raise ValueError("members must be at least 2 (the spread is the variance)")
         self.seed, self.members, self.prior_strength, self.continuous = seed, members, prior_strength, continuous
         self.judge = judge or PriorJudge(seed)
         self._rng = np.random.default_rng([seed, 17])
-        penalty = _penalties()
-        self._models = {kind: _Bagged(N_FEATURES, members, penalty) for kind in KINDS}
+        self.embedder = CodeEmbedder(seed=seed) if embeddings is True else (embeddings or None)
+        self.dim = N_FEATURES + (self.embedder.dims if self.embedder else 0)
+        self._models = {kind: self._new_model() for kind in KINDS}
         self._cache: dict[tuple[str, str, str], tuple[np.ndarray, Judgement, CodeFacts]] = {}
         self._lock = threading.Lock()
 
+    def _new_model(self) -> _Bagged:
+        return _Bagged(self.dim, self.members, _penalties(self.dim - N_FEATURES))
+
     # -------------------------------------------------------------- features
 
-    def _analyse(self, task: Task, code: str) -> tuple[np.ndarray, Judgement, CodeFacts]:
+    def _analyse(self, task: Task, code: str, embedding: Optional[np.ndarray] = None) -> tuple[np.ndarray, Judgement, CodeFacts]:
         key = (task.name, task.kind, code)
         hit = self._cache.get(key)
         if hit is None:
             facts = code_facts(code)
-            hit = (featurize(task, facts), self.judge.judge(task, code, facts), facts)
+            x = featurize(task, facts)
+            if self.embedder is not None:
+                emb = embedding if embedding is not None else self.embedder.embed([code])[0]
+                x = np.concatenate([x, emb])
+            hit = (x, self.judge.judge(task, code, facts), facts)
             if len(self._cache) >= _CACHE_SIZE:
                 self._cache.clear()
             self._cache[key] = hit
         return hit
+
+    def _analyse_batch(self, items: Sequence[Item]) -> list[tuple[np.ndarray, Judgement, CodeFacts]]:
+        """Like _analyse per item, embedding the uncached codes in one batch."""
+        embeddings: dict[str, np.ndarray] = {}
+        if self.embedder is not None:
+            missing = sorted({code for task, code in items if (task.name, task.kind, code) not in self._cache})
+            if missing:
+                embeddings = dict(zip(missing, self.embedder.embed(missing)))
+        return [self._analyse(task, code, embeddings.get(code)) for task, code in items]
 
     # -------------------------------------------------------------- predictions
 
@@ -182,7 +201,7 @@ class LearnedWorldModel(GatedWorldModel):
         """Blended (mean, variance) of the reward of each (task, compiling code) pair."""
         means, variances = np.zeros(len(items)), np.zeros(len(items))
         with self._lock:
-            analysed = [self._analyse(task, code) for task, code in items]
+            analysed = self._analyse_batch(items)
             for kind in KINDS:
                 idx = [i for i, (task, _) in enumerate(items) if task.kind == kind]
                 if not idx:
@@ -250,18 +269,18 @@ class LearnedWorldModel(GatedWorldModel):
         """Plain, JSON-able state (floats as base64 float64): resuming gives bit-identical predictions."""
         with self._lock:
             return {
-                "version": 1, "seed": self.seed, "members": self.members, "features": N_FEATURES,
+                "version": 1, "seed": self.seed, "members": self.members, "features": self.dim,
                 "rng": self._rng.bit_generator.state,
                 "kinds": {k: {"n": m.n, "A": _b64(m.A), "b": _b64(m.b)} for k, m in self._models.items()},
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("version") != 1 or state.get("features") != N_FEATURES or state.get("members") != self.members:
+        if state.get("version") != 1 or state.get("features") != self.dim or state.get("members") != self.members:
             raise ValueError("world model state: incompatible version, feature set or ensemble size")
         models = {}
         for kind in KINDS:
             entry = state["kinds"][kind]
-            model = _Bagged(N_FEATURES, self.members, _penalties())
+            model = self._new_model()
             model.A = _unb64(entry["A"], model.A.shape)
             model.b = _unb64(entry["b"], model.b.shape)
             model.n = int(entry["n"])
