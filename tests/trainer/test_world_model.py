@@ -114,6 +114,8 @@ def wm(server):
     ("x = 1\ny = = 2\nprint(x)\n", Status.SYNTAX_ERR, 2),
     ("def f():\nreturn 1\n", Status.SYNTAX_ERR, 2),
     ("x = 1\x00\n", Status.MALFORMED, None),
+    ("import numpy as np\nx = np.array([1,\ny = 2\nz = 3\nw = 4\nprint(w)\n", Status.SYNTAX_ERR, 2),  # not cut off: lines follow
+    ('x = 1\n"""a docstring that never ends\n', Status.MALFORMED, None),
     ("'just a docstring'\n", Status.MALFORMED, None),
 ])
 def test_compile_gate_rejects_without_a_model(code, status, line):

@@ -20,7 +20,7 @@ Item = tuple[Task, str]
 
 # SyntaxError messages that mean "the text stops mid-construct": a completion cut off at the
 # token limit, which the ladder scores like malformed output rather than a real syntax error.
-_EOF_HINTS = ("unexpected EOF", "was never closed", "unterminated triple-quoted string")
+_EOF_HINTS = ("unexpected EOF", "was never closed")
 _LAST_LINE_HINTS = ("expected an indented block", "unterminated string literal", "invalid syntax")
 
 
@@ -40,9 +40,13 @@ def _syntax_feedback(exc: SyntaxError) -> str:
 
 def _is_truncated(exc: SyntaxError, code: str) -> bool:
     msg = exc.msg or ""
-    if any(h in msg for h in _EOF_HINTS):
+    n_lines = len(code.rstrip().splitlines())
+    if "unterminated triple-quoted string" in msg:  # everything after the opening quotes is inside it
         return True
-    at_end = (exc.lineno or 0) >= len(code.rstrip().splitlines()) and not code.endswith("\n")
+    if any(h in msg for h in _EOF_HINTS):
+        # An unclosed bracket far above the end, with complete lines after it, is a plain syntax error.
+        return (exc.lineno or 0) >= n_lines - 2
+    at_end = (exc.lineno or 0) >= n_lines and not code.endswith("\n")
     return at_end and any(h in msg for h in _LAST_LINE_HINTS)
 
 
