@@ -61,8 +61,8 @@ def _description(spec: DatasetSpec, n_features: int, n_train: int, n_test: int, 
             f"{n_train} training rows, {n_test} test rows. Metric: {spec.metric} ({better} is better).")
 
 
-def _task_files(spec: DatasetSpec) -> tuple[dict[str, bytes], dict[str, float]]:
-    """One task's files (task.yaml, data, hidden labels, leaderboard) and its reference scores."""
+def _task_files(spec: DatasetSpec) -> dict[str, bytes]:
+    """One task's files: task.yaml, data, hidden labels, leaderboard and the named reference scores."""
     X, y = spec.make()
     X = np.asarray(X, dtype=float)
     n = len(y)
@@ -91,7 +91,7 @@ def _task_files(spec: DatasetSpec) -> tuple[dict[str, bytes], dict[str, float]]:
     )
     files = task.to_files()
     files[REFERENCE_FILE] = json.dumps(references, indent=1).encode()
-    return files, references
+    return files
 
 
 def _seed(name: str) -> int:
@@ -138,7 +138,7 @@ def build_suite(name: str, directory: Path, only: Optional[Sequence[str]] = None
         raise ValueError(f"spec.tasks.builtin: unknown suite {name!r}; bundled suites: {sorted(SUITES)}")
     specs = [s for s in SUITES[name] if only is None or s.name in only]
     with threadpool_limits(1):
-        built = [(spec, _task_files(spec)[0]) for spec in specs]
+        built = [(spec, _task_files(spec)) for spec in specs]
     for spec, files in built:
         for rel, content in files.items():
             path = directory / spec.name / rel
