@@ -1,0 +1,622 @@
+"""``wmrl run FILE.yaml``: run a WMRLRun manifest on this machine, no cluster.
+
+What a cluster would provide is started here as local processes:
+
+* ``--sandboxes N`` sandbox servers (``wmrl sandbox serve``, one per core by default),
+* a calibration service on a state file (``wmrl calibration serve --state-file``) when the
+  mode is ``wmrl``,
+
+and the trainer runs in this process (:func:`wmrl_trainer.train.build_trainer`) against
+them, with the world-model backend the manifest names (``learned`` and ``transformers``
+run in-process; ``llm`` needs ``spec.worldModel.endpoint``).
+
+Held-out reward: the mean REAL reward of ``--eval-samples`` sampled solutions on each of
+``spec.tasks.heldOut`` (never trained on), measured before the first step, every
+``--eval-every`` steps and at the end. Evaluations are paused time: the training clock
+(sum of the trainer's per-step wall-clock) and the count of real executions leave them
+out. Evaluation samples with a fixed seed (common random numbers across evaluations), and
+identical (task, script) pairs are executed once per run: the demo policy's solutions are
+deterministic programs, so this changes no number, only the time evaluations take.
+
+The results folder (default ``./wmrl-results/<run name>/``) holds ``results.json`` (config,
+per-step records, the held-out curve against training wall-clock and real executions),
+``held_out.png``, ``steps.jsonl`` (the trainer's line per step), the checkpoints and the
+services' logs (``logs/``, with ``services.json``: name, pid, URL of each). Ctrl-C checkpoints after the
+current step and exits 130; running the same command again resumes from that checkpoint
+and continues the curves. Every process started here is stopped on the way out, error or
+not (and, on Linux, if this process dies, by the kernel: PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import httpx
+import yaml
+
+from wmrl.api.runconfig import RunConfig, Runtime, from_manifest
+from wmrl.api.schema import Mode, field_errors
+
+log = logging.getLogger("wmrl.local")
+
+RESULTS_FILE = "results.json"
+PLOT_FILE = "held_out.png"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+# ---------------------------------------------------------------- processes
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Child-side (preexec): get SIGTERM if the parent dies, so nothing outlives a killed runner."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Service:
+    """One local server process on 127.0.0.1:<free port>, healthy once ``GET /healthz`` answers 200.
+
+    It runs in its own session, so a Ctrl-C at the terminal reaches only the runner, which
+    checkpoints while the services keep serving, then stops them.
+    """
+
+    def __init__(self, name: str, argv: Sequence[str], port: int, log_path: Path):
+        self.name, self.port = name, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not healthy after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        self._log.close()
+
+
+def _wmrl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "wmrl.cli", *args]
+
+
+def calibration_flags(algorithm: Any) -> list[str]:
+    """The calibration service's config flags for a run's ``spec.algorithm`` (debiasing + denoising)."""
+    d, n = algorithm.debiasing, algorithm.denoising
+    return ["--bins", str(d.bins), "--min-pairs", str(d.min_pairs), "--refit-every", str(d.refit_every),
+            "--buffer-size", str(d.buffer_size), "--target-weight", str(n.target_weight),
+            "--max-weight", str(n.max_weight), "--half-life", str(n.half_life), "--warmup", str(n.warmup)]
+
+
+class LocalServices:
+    """Sandbox servers and (optionally) a calibration service for one or more local runs.
+
+    ``with LocalServices(n, logs) as services: ... services.start_calibration(state, algorithm)``;
+    everything started is stopped on exit, in reverse order, even after an error.
+    """
+
+    def __init__(self, sandboxes: int, log_dir: Path, slots: int = 1):
+        if sandboxes < 1:
+            raise ValueError(f"--sandboxes must be >= 1, got {sandboxes}")
+        self.n_sandboxes, self.slots, self.log_dir = sandboxes, slots, log_dir
+        self.services: list[Service] = []
+        self.sandboxes: list[Service] = []
+        self._work_root: Optional[str] = None
+
+    def __enter__(self) -> "LocalServices":
+        try:
+            self._work_root = tempfile.mkdtemp(prefix="wmrl-run-sandbox-")
+            os.chmod(self._work_root, 0o711)
+            for i in range(self.n_sandboxes):
+                port = free_port()
+                root = os.path.join(self._work_root, str(i))
+                os.makedirs(root)
+                os.chmod(root, 0o711)
+                svc = Service(f"sandbox-{i}", _wmrl("sandbox", "serve", "--host", "127.0.0.1", "--port", str(port),
+                                                    "--slots", str(self.slots), "--work-root", root),
+                              port, self.log_dir / f"sandbox-{i}.log")
+                self.services.append(svc)
+                self.sandboxes.append(svc)
+            self._record()
+            for svc in self.sandboxes:
+                svc.wait_healthy()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def sandbox_urls(self) -> list[str]:
+        return [s.url for s in self.sandboxes]
+
+    def start_calibration(self, state_file: Path, algorithm: Any, name: str = "calibration") -> Service:
+        port = free_port()
+        svc = Service(name, _wmrl("calibration", "serve", "--state-file", str(state_file), "--host", "127.0.0.1",
+                                  "--port", str(port), *calibration_flags(algorithm)),
+                      port, self.log_dir / f"{name}.log")
+        self.services.append(svc)
+        self._record()
+        svc.wait_healthy()
+        return svc
+
+    def _record(self) -> None:
+        """``<logs>/services.json``: name, pid and URL of every service started (for operators and tests)."""
+        path = self.log_dir / "services.json"
+        known = json.loads(path.read_text()) if path.is_file() else []
+        seen = {entry["pid"] for entry in known}
+        known += [{"name": s.name, "pid": s.proc.pid, "url": s.url} for s in self.services if s.proc.pid not in seen]
+        write_json_atomic(path, known)
+
+    def stop(self, svc: Service) -> None:
+        svc.stop()
+        if svc in self.services:
+            self.services.remove(svc)
+
+    def close(self) -> None:
+        while self.services:
+            self.services.pop().stop()
+        self.sandboxes.clear()
+        if self._work_root:
+            shutil.rmtree(self._work_root, ignore_errors=True)
+            self._work_root = None
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------- held-out evaluation
+
+class HeldOutEvaluator:
+    """Mean real reward of sampled solutions on held-out tasks (see the module docstring)."""
+
+    def __init__(self, tasks: Sequence[Any], dispatcher: Any, samples_per_task: int, seed: int,
+                 timeout: float = 600.0, cache: Optional[dict] = None):
+        self.tasks, self.dispatcher = list(tasks), dispatcher
+        self.samples, self.seed, self.timeout = samples_per_task, seed, timeout
+        self.cache: dict[tuple[str, str], Optional[float]] = cache if cache is not None else {}
+
+    def sample(self, model: Any, tokenizer: Any, sampling: Any) -> list[tuple[Any, str]]:
+        import torch
+
+        from wmrl_trainer.grpo import completion_text
+        from wmrl_trainer.loop import extract_code
+        from wmrl_trainer.train import make_prompt
+
+        was_training = model.training
+        model.eval()
+        out: list[tuple[Any, str]] = []
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                torch.manual_seed(self.seed)
+                for task in self.tasks:
+                    prompt = make_prompt(task, tokenizer)
+                    if isinstance(prompt, list):
+                        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
+                                                            return_dict=True)
+                    else:
+                        ids = tokenizer(prompt, return_tensors="pt")
+                    ids = {k: v.to(model.device) for k, v in ids.items()}
+                    gen = model.generate(**ids, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                         max_new_tokens=sampling.max_new_tokens, num_return_sequences=self.samples,
+                                         pad_token_id=tokenizer.pad_token_id)
+                    texts = tokenizer.batch_decode(gen[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+                    out += [(task, extract_code(completion_text(t))) for t in texts]
+        finally:
+            model.train(was_training)
+        return out
+
+    def evaluate(self, model: Any, tokenizer: Any, sampling: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        items = self.sample(model, tokenizer, sampling)
+        todo = {(t.name, code): t for t, code in items if (t.name, code) not in self.cache}
+        futures = {key: self.dispatcher.run_task(task, key[1]) for key, task in todo.items()}
+        done, _ = cf.wait(list(futures.values()), timeout=self.timeout)
+        for key, future in futures.items():
+            ok = future in done and future.exception() is None and future.result() is not None
+            if ok:
+                self.cache[key] = float(future.result().reward)
+            else:  # not cached: a sandbox failure is retried at the next evaluation
+                future.cancel()
+        rewards = [self.cache.get((t.name, c)) for t, c in items]
+        graded = [r for r in rewards if r is not None]
+        by_task = {}
+        for task in self.tasks:
+            mine = [self.cache.get((t.name, c)) for t, c in items if t.name == task.name]
+            mine = [r for r in mine if r is not None]
+            by_task[task.name] = sum(mine) / len(mine) if mine else None
+        return {
+            "reward": sum(graded) / len(graded) if graded else None,
+            "by_task": by_task,
+            "samples": len(items),
+            "executed": len(todo),
+            "distinct_scripts": len({c for _, c in items}),
+            "eval_seconds": time.perf_counter() - started,
+        }
+
+
+# ---------------------------------------------------------------- one run
+
+@dataclass
+class RunOptions:
+    eval_every: Optional[int] = None  # default: about 5 evaluations per run
+    eval_samples: int = 16
+    progress: bool = True
+    torch_threads: Optional[int] = None  # default: 1 for builtin (tiny) policies on CPU
+    on_step: Optional[Callable[[dict], None]] = None
+    eval_cache: Optional[dict] = None  # (task, script) -> real reward, shareable between runs (evaluation only)
+
+
+@dataclass
+class RunState:
+    """What results.json holds while a run is in progress (reloaded on resume)."""
+
+    records: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    resumed_from: list[int] = field(default_factory=list)
+
+    @property
+    def wall_clock_s(self) -> float:
+        return self.records[-1]["wall_clock_s"] if self.records else 0.0
+
+    @property
+    def executions(self) -> int:
+        return self.records[-1]["executions_total"] if self.records else 0
+
+
+def eval_steps(steps: int, every: Optional[int]) -> set[int]:
+    every = every or max(1, steps // 5)
+    return {0, steps} | set(range(every, steps, every))
+
+
+def results_payload(config: RunConfig, state: RunState, finished: bool, held_out: Sequence[str],
+                    samples: int) -> dict[str, Any]:
+    evals = state.evals
+    return {
+        "run": config.metadata.name,
+        "mode": config.spec.mode.value,
+        "seed": config.spec.algorithm.seed,
+        "steps": config.spec.algorithm.steps,
+        "steps_done": state.records[-1]["step"] + 1 if state.records else 0,
+        "finished": finished,
+        "wall_clock_s": state.wall_clock_s,
+        "executions": state.executions,
+        "elapsed_s": state.elapsed_s,
+        "resumed_from": state.resumed_from,
+        "held_out": {
+            "tasks": list(held_out),
+            "samples_per_task": samples,
+            "initial_reward": evals[0]["reward"] if evals else None,
+            "final_reward": evals[-1]["reward"] if evals else None,
+            "curve": evals,
+        },
+        "records": state.records,
+        "config": config.to_wire(),
+    }
+
+
+def _load_state(path: Path, resumed_step: int) -> RunState:
+    """The previous results of this run up to the checkpoint it resumes from (later entries are redone)."""
+    if resumed_step <= 0 or not path.is_file():
+        return RunState()
+    data = json.loads(path.read_text())
+    records = [r for r in data.get("records", []) if r["step"] < resumed_step]  # record "step" counts from 0
+    evals = [e for e in data.get("held_out", {}).get("curve", []) if e["step"] <= resumed_step]
+    return RunState(records, evals, float(data.get("elapsed_s", 0.0)), [*data.get("resumed_from", []), resumed_step])
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_dir: Path, options: RunOptions,
+                       stop_flag: Optional[Callable[[Any], None]] = None) -> tuple[dict[str, Any], Any]:
+    """Train ``config`` against the given sandboxes, evaluating held-out tasks; returns (results, trainer).
+
+    ``config.runtime`` must already name the checkpoint dir and the calibration URL (if any).
+    ``stop_flag(trainer)`` is called once the trainer exists (the CLI hooks Ctrl-C there).
+    """
+    import torch
+
+    from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
+    from wmrl_trainer.checkpoint import latest_checkpoint
+    from wmrl_trainer.policy import load_policy
+    from wmrl_trainer.train import build_trainer, load_training_tasks
+
+    spec = config.spec
+    if spec.policy.model.startswith("builtin:") and not torch.cuda.is_available():
+        torch.set_num_threads(options.torch_threads or 1)  # the tiny model; the cores go to the sandboxes
+    elif options.torch_threads:
+        torch.set_num_threads(options.torch_threads)
+    started = time.perf_counter()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    results_path = results_dir / RESULTS_FILE
+    tasks, held_out = load_training_tasks(config)
+    if not held_out:
+        raise ValueError("spec.tasks.heldOut: name at least one task to evaluate on (never trained on)")
+    latest = latest_checkpoint(config.runtime.checkpoint_dir)
+    resumed_step = int(json.loads((latest / "COMPLETE").read_text())["step"]) if latest is not None else 0
+    state = _load_state(results_path, resumed_step)
+    elapsed_before = state.elapsed_s
+    dispatcher = SandboxDispatcher(StaticEndpoints(list(sandbox_urls)), slots_per_pod=spec.sandbox.slots_per_pod,
+                                   timeout=spec.sandbox.timeout_seconds + 30)
+    steps = spec.algorithm.steps
+    when = eval_steps(steps, options.eval_every)
+    evaluator = HeldOutEvaluator(held_out, dispatcher, options.eval_samples, seed=spec.algorithm.seed + 7919,
+                                 timeout=spec.sandbox.timeout_seconds + 60, cache=options.eval_cache)
+    bar = None
+    trainer = None
+
+    def save(finished: bool) -> dict[str, Any]:
+        state.elapsed_s = elapsed_before + time.perf_counter() - started
+        payload = results_payload(config, state, finished, [t.name for t in held_out], options.eval_samples)
+        write_json_atomic(results_path, payload)
+        return payload
+
+    def evaluate(step: int) -> None:
+        model = trainer.grpo.accelerator.unwrap_model(trainer.grpo.model)
+        point = evaluator.evaluate(model, trainer.grpo.processing_class, spec.policy.sampling)
+        point.update(step=step, wall_clock_s=state.wall_clock_s, executions=state.executions)
+        state.evals.append(point)
+        log.info("held-out reward at step %d: %s", step, point["reward"])
+        if bar is not None:
+            bar.set_postfix_str(_postfix(state), refresh=True)
+        save(finished=False)
+
+    def on_step(record: Any) -> None:
+        row = record.to_json()
+        row["wall_clock_s"] = state.wall_clock_s + record.total
+        row["executions_total"] = state.executions + record.executions
+        state.records.append(row)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(_postfix(state), refresh=False)
+        if record.step + 1 in when:
+            evaluate(record.step + 1)
+        else:
+            save(finished=False)
+        if options.on_step is not None:
+            options.on_step(row)
+
+    step_log = open(results_dir / "steps.jsonl", "a")
+    try:
+        policy = load_policy(spec.policy.model)
+        trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
+                                callbacks=[on_step])
+        if stop_flag is not None:
+            stop_flag(trainer)
+        if options.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=steps, initial=resumed_step, desc=config.metadata.name, unit="step", dynamic_ncols=True)
+        if not any(e["step"] == resumed_step for e in state.evals) and resumed_step < steps:
+            evaluate(resumed_step)
+        # The trainer prints one JSON line per step: keep them in a file, the terminal gets the progress bar.
+        with contextlib.redirect_stdout(step_log):
+            trainer.train()
+        finished = trainer.finished
+        if finished and (not state.evals or state.evals[-1]["step"] != steps):
+            evaluate(steps)
+        return save(finished=finished), trainer
+    finally:
+        if bar is not None:
+            bar.close()
+        if trainer is not None:
+            trainer.close()
+        dispatcher.close()
+        step_log.close()
+
+
+def _postfix(state: RunState) -> str:
+    parts = []
+    if state.records:
+        r = state.records[-1]
+        reward = r.get("mean_real_reward") if r.get("mean_calibrated_reward") is None else r["mean_calibrated_reward"]
+        if reward is not None:
+            parts.append(f"reward={reward:.3f}")
+    parts.append(f"executions={state.executions}")
+    if state.evals and state.evals[-1]["reward"] is not None:
+        parts.append(f"held-out={state.evals[-1]['reward']:.3f}")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------- plot
+
+def plot_run(results: dict[str, Any], path: Path) -> None:
+    """Held-out reward against training wall-clock and against real executions."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = [p for p in results["held_out"]["curve"] if p["reward"] is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, key, label in ((axes[0], "wall_clock_s", "training wall-clock (s)"),
+                           (axes[1], "executions", "real executions")):
+        ax.plot([p[key] for p in curve], [p["reward"] for p in curve], marker="o", label=results["mode"])
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out reward (real execution)")
+    axes[1].legend()
+    fig.suptitle(f"{results['run']}: held-out reward ({', '.join(results['held_out']['tasks'])})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- CLI
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="a WMRLRun manifest (YAML)")
+    parser.add_argument("--results", metavar="DIR", help="results folder (default ./wmrl-results/<run name>/)")
+    parser.add_argument("--sandboxes", type=int, default=os.cpu_count() or 1, help="local sandbox servers (default: one per core)")
+    parser.add_argument("--seed", type=int, help="override spec.algorithm.seed")
+    parser.add_argument("--steps", type=int, help="override spec.algorithm.steps")
+    parser.add_argument("--eval-every", type=int, help="held-out evaluation every N steps (default: steps/5)")
+    parser.add_argument("--eval-samples", type=int, default=16, help="sampled solutions per held-out task (default 16)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def load_manifest(path: str | Path, seed: Optional[int] = None, steps: Optional[int] = None) -> RunConfig:
+    """A RunConfig from a manifest file, with CLI overrides; ValueError naming the field when invalid."""
+    from pydantic import ValidationError
+
+    try:
+        manifest = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("kind") != "WMRLRun":
+        raise ValueError(f"{path}: not a WMRLRun manifest (kind: WMRLRun)")
+    spec = dict(manifest.get("spec") or {})
+    algorithm = dict(spec.get("algorithm") or {})
+    if seed is not None:
+        algorithm["seed"] = seed
+    if steps is not None:
+        algorithm["steps"] = steps
+    spec["algorithm"] = algorithm
+    try:
+        return from_manifest({**manifest, "spec": spec})
+    except ValidationError as exc:
+        raise ValueError("; ".join(field_errors(exc))) from exc
+
+
+def local_runtime(config: RunConfig, results_dir: Path, sandbox_urls: Sequence[str],
+                  calibration_url: Optional[str]) -> RunConfig:
+    runtime = Runtime(sandbox_urls=list(sandbox_urls), calibration_url=calibration_url,
+                      checkpoint_dir=str(results_dir / "checkpoints"), results_dir=str(results_dir),
+                      world_model_url=config.spec.world_model.endpoint, patch_status=False, metrics_port=None)
+    return config.model_copy(update={"runtime": runtime})
+
+
+def quiet_libraries() -> None:
+    """No deprecation chatter or weight-loading bars from transformers/TRL over the progress bar."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(transformers|trl|torch)\.")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=os.environ.get("WMRL_LOG_LEVEL", "WARNING"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries()
+    try:
+        config = load_manifest(args.file, args.seed, args.steps)
+        if config.spec.world_model.backend == "llm" and not config.spec.world_model.endpoint:
+            raise ValueError("spec.worldModel.endpoint: a local run with backend llm needs an OpenAI-compatible "
+                             "endpoint (or use backend learned / transformers)")
+        if args.sandboxes < 1:
+            raise ValueError(f"--sandboxes must be >= 1, got {args.sandboxes}")
+    except ValueError as exc:
+        print(f"wmrl run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    results_dir = Path(args.results or Path("wmrl-results") / config.metadata.name).resolve()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    print(f"wmrl run: results in {results_dir}", flush=True)
+    options = RunOptions(eval_every=args.eval_every, eval_samples=args.eval_samples, progress=not args.no_progress)
+    interrupted = {"count": 0}
+    previous = signal.getsignal(signal.SIGINT)
+
+    def hook(trainer: Any) -> None:
+        def on_sigint(signum: int, frame: Any) -> None:
+            interrupted["count"] += 1
+            if interrupted["count"] > 1:
+                raise KeyboardInterrupt
+            print("\nwmrl run: interrupted: checkpointing after this step (Ctrl-C again to abort)", file=sys.stderr,
+                  flush=True)
+            trainer.request_stop()
+
+        signal.signal(signal.SIGINT, on_sigint)
+
+    try:
+        with LocalServices(args.sandboxes, results_dir / "logs", slots=config.spec.sandbox.slots_per_pod) as services:
+            calibration_url = None
+            if config.spec.mode is Mode.WMRL:
+                calibration_url = services.start_calibration(results_dir / "calibration-state.json",
+                                                             config.spec.algorithm).url
+            config = local_runtime(config, results_dir, services.sandbox_urls, calibration_url)
+            results, trainer = train_and_evaluate(config, services.sandbox_urls, results_dir, options, stop_flag=hook)
+    except KeyboardInterrupt:
+        print("wmrl run: aborted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ValueError as exc:
+        print(f"wmrl run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    plot_run(results, results_dir / PLOT_FILE)
+    held = results["held_out"]
+    summary = {"run": results["run"], "mode": results["mode"], "steps_done": results["steps_done"],
+               "finished": results["finished"], "initial_held_out_reward": held["initial_reward"],
+               "final_held_out_reward": held["final_reward"], "wall_clock_s": results["wall_clock_s"],
+               "executions": results["executions"], "results": str(results_dir / RESULTS_FILE),
+               "plot": str(results_dir / PLOT_FILE)}
+    print(json.dumps(summary), flush=True)
+    if not results["finished"]:
+        print(f"wmrl run: stopped at step {results['steps_done']}; run the same command again to resume",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
