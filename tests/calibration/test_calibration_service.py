@@ -141,6 +141,19 @@ def test_a_corrupt_state_file_is_reported_not_a_crash(servers, tmp_path):
     assert httpx.get(server.url + "/healthz").status_code == 200
 
 
+def test_client_queue_is_bounded_while_the_service_is_away():
+    client = CalibrationClient("http://127.0.0.1:9", "t", max_pending_groups=10, backoff_max=0.05)
+    rng = np.random.default_rng(4)
+    try:
+        for _ in range(5):
+            client.observe([group(rng) for _ in range(4)])
+        assert client.pending_groups <= 10 + 4 and client.dropped_groups >= 6
+        assert client.stale_seconds is None and client.weight == 1.0
+        assert client.last_error  # the service is unreachable
+    finally:
+        client.close(timeout=0.2)
+
+
 def test_local_calibration_has_the_client_interface():
     local = LocalCalibration()
     rng = np.random.default_rng(3)

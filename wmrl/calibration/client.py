@@ -14,8 +14,10 @@ Both offer the same interface:
 
 The client sends one batch at a time and retries it, with the same batch id and
 exponential backoff, until the service acknowledges it (the service then counts it
-exactly once); groups observed meanwhile wait for the next batch. Training never
-waits on the service: the last view received is kept and used.
+exactly once); groups observed meanwhile wait for the next batch (at most
+``max_pending_groups``; beyond that the oldest are dropped and counted in
+``dropped_groups``). Training never waits on the service: the last view received
+is kept and used.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ class LocalCalibration:
 class CalibrationClient:
     def __init__(self, url: str, trainer_id: str, *, batch_groups: int = 256, flush_interval: float = 0.25,
                  refresh_interval: float = 2.0, timeout: float = 10.0, backoff_initial: float = 0.05,
-                 backoff_max: float = 5.0):
+                 backoff_max: float = 5.0, max_pending_groups: int = 100_000):
         import httpx
 
         if not trainer_id:
@@ -135,6 +137,8 @@ class CalibrationClient:
         self.trainer_id = trainer_id
         self.batch_groups, self.flush_interval, self.refresh_interval = batch_groups, flush_interval, refresh_interval
         self.backoff_initial, self.backoff_max = backoff_initial, backoff_max
+        self.max_pending_groups = max_pending_groups
+        self.dropped_groups = 0
         self._http = httpx.Client(timeout=timeout)
         self._session = secrets.token_hex(4)  # a restarted trainer sends new data under new ids
         self._seq = 0
@@ -164,6 +168,11 @@ class CalibrationClient:
             if not self._queue:
                 self._queued_at = time.monotonic()
             self._queue.extend(prepared)
+            overflow = len(self._queue) - self.max_pending_groups
+            if overflow > 0:  # the service has been away for long: keep the newest groups
+                del self._queue[:overflow]
+                self.dropped_groups += overflow
+                log.warning("calibration service unreachable: dropped %d oldest queued groups", overflow)
             self._cond.notify_all()
 
     def calibrate(self, values: Any) -> np.ndarray:
