@@ -214,20 +214,30 @@ class OnlineDebiaser:
 
     def push_validated(self, wm: np.ndarray, env: np.ndarray) -> int:
         """:meth:`observe_group` for arrays already checked (1-D, equal length, in [0, 1])."""
+        evicted = self.append_groups(wm, env, [len(wm)])
+        if self.refit_due():
+            self.refit()
+        return evicted
+
+    def refit_due(self) -> bool:
+        return len(self) >= self.min_pairs and self.since_fit >= self.refit_every
+
+    def append_groups(self, wm: np.ndarray, env: np.ndarray, sizes: Sequence[int]) -> int:
+        """Append checked pairs of consecutive groups (``sizes``) without refitting; returns pairs evicted."""
         n = len(wm)
         if n > self.buffer_size:
             wm, env = wm[-self.buffer_size:], env[-self.buffer_size:]
-        if self._end + len(wm) > len(self._wm):  # compact: move the live pairs to the front
+        m = len(wm)
+        if self._end + m > len(self._wm):  # compact: move the live pairs to the front
             keep = len(self)
             for arr in (self._wm, self._env, self._bin):
                 arr[:keep] = arr[self._start:self._end]
             self._start, self._end = 0, keep
-        m = len(wm)
         self._wm[self._end:self._end + m] = wm
         self._env[self._end:self._end + m] = env
         self._bin[self._end:self._end + m] = np.searchsorted(self._inner_edges, wm, side="right")
         self._end += m
-        self.group_sizes.append(n)
+        self.group_sizes.extend(sizes)
         evicted = max(0, len(self) - self.buffer_size) + (n - m)
         if len(self) > self.buffer_size:
             self._start = self._end - self.buffer_size
@@ -239,8 +249,6 @@ class OnlineDebiaser:
                 self.group_sizes[0] -= drop
                 drop = 0
         self.since_fit += n
-        if len(self) >= self.min_pairs and self.since_fit >= self.refit_every:
-            self.refit()
         return evicted
 
     def refit(self) -> bool:

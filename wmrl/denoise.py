@@ -49,6 +49,21 @@ def disagreement_of_checked(d: np.ndarray, r: np.ndarray) -> Optional[float]:
     return float(diff @ diff) / n / var
 
 
+def disagreements_of_groups(d: np.ndarray, r: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``s^2`` of consecutive groups (integer ``sizes``, all >= 1) at once; NaN marks a degenerate group."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rc = r - np.repeat(np.add.reduceat(r, starts) / sizes, sizes)
+    dc = d - np.repeat(np.add.reduceat(d, starts) / sizes, sizes)
+    var = np.add.reduceat(rc * rc, starts) / sizes
+    diff = dc - rc
+    num = np.add.reduceat(diff * diff, starts) / sizes
+    out = np.full(len(sizes), np.nan)
+    ok = var >= DEGENERATE_VARIANCE
+    out[ok] = num[ok] / var[ok]
+    return out
+
+
 def _checked_pair(calibrated: Any, real: Any) -> tuple[np.ndarray, np.ndarray]:
     d = check_rewards(calibrated, "calibrated").reshape(-1)
     r = check_rewards(real, "real").reshape(-1)

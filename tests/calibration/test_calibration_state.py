@@ -109,3 +109,38 @@ def test_service_takes_its_config_from_the_operator_env(monkeypatch):
     add_arguments(parser)
     assert config_from_args(parser.parse_args(["--state-file", "x"])) == CalibrationConfig(bins=20, warmup=8)
     assert config_from_args(parser.parse_args(["--state-file", "x", "--bins", "5"])).bins == 5
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from wmrl.debias import OnlineDebiaser  # noqa: E402
+from wmrl.denoise import DisagreementWeighter  # noqa: E402
+
+_reward = st.integers(0, 20).map(lambda k: k / 20)  # coarse values: ties and degenerate groups happen
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.lists(st.tuples(_reward, _reward), min_size=1, max_size=9), min_size=1, max_size=12),
+                min_size=1, max_size=12),
+       st.integers(1, 40), st.integers(1, 20), st.integers(5, 60))
+def test_vectorised_fold_equals_folding_group_by_group(batches, min_pairs, refit_every, buffer_size):
+    config = CalibrationConfig(min_pairs=min_pairs, refit_every=refit_every, buffer_size=buffer_size, warmup=3, half_life=4)
+    state = CalibrationState(config)
+    deb = OnlineDebiaser(config.bins, min_pairs, refit_every, buffer_size)
+    weigher = DisagreementWeighter(config.target_weight, config.max_weight, config.half_life, config.warmup)
+    for k, batch in enumerate(batches):
+        state.observe("t", str(k), [{"wm": [p[0] for p in g], "env": [p[1] for p in g]} for g in batch])
+        for g in batch:
+            wm, env = np.array([p[0] for p in g]), np.array([p[1] for p in g])
+            deb.observe_group(wm, env)
+            weigher.observe_group(deb.calibrate(wm), env)
+    view = state.view()
+    assert view["fits"] == deb.fits and view["pairs"] == len(deb)
+    np.testing.assert_array_equal(state.debiaser.wm, deb.wm)
+    assert (view["map"] is None) == (deb.map is None)
+    if deb.map is not None:
+        np.testing.assert_allclose(view["map"]["y"], deb.map.y, atol=1e-12)
+    assert weigher.observations == state.weighter.observations
+    if weigher.disagreement is not None:
+        assert abs(weigher.disagreement - state.weighter.disagreement) <= 1e-9 * max(1.0, weigher.disagreement)
+        assert abs(weigher.weight - state.weight) <= 1e-9

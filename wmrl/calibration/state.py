@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from wmrl.debias import CalibrationMap, OnlineDebiaser, check_rewards
-from wmrl.denoise import DisagreementWeighter
+from wmrl.denoise import DisagreementWeighter, disagreements_of_groups
 
 __all__ = ["CalibrationConfig", "CalibrationState", "StateError", "RECENT_BATCHES", "RECENT_TRAINERS", "validate_groups"]
 
@@ -177,19 +177,47 @@ class CalibrationState:
         if self.seen(trainer, batch):
             self._touch(trainer)
             return False
-        for wm, env in pairs:
-            self.pairs_evicted += self.debiaser.push_validated(wm, env)
-            self.pairs_seen += len(wm)
-            self.groups_seen += 1
-            # measured after the push (and any refit): the residual left by the current map
-            fitted = self.debiaser.map
-            calibrated = wm if fitted is None else np.interp(wm, fitted.x, fitted.y)
-            if self.weighter.observe_checked(calibrated, env) is None:
-                self.groups_skipped += 1
+        sizes = [len(wm) for wm, _ in pairs]
+        self._fold(np.concatenate([wm for wm, _ in pairs]), np.concatenate([env for _, env in pairs]), sizes)
         self.batches += 1
         self.version += 1
         self._remember(trainer, batch_digest(trainer, batch))
         return True
+
+    def _fold(self, wm: np.ndarray, env: np.ndarray, sizes: list[int]) -> None:
+        """Fold consecutive groups in, exactly as one ``observe_group`` + disagreement after another.
+
+        Vectorised between refits: the map only changes at the group boundary where a
+        refit falls due, so the groups before it are pushed in one go and measured with
+        the map they saw; the group that triggered the refit is measured with the new map.
+        """
+        deb, offsets = self.debiaser, np.concatenate([[0], np.cumsum(sizes)])
+        i = 0
+        while i < len(sizes):
+            since, length, j = deb.since_fit, len(deb), i
+            while True:  # the first group whose push makes a refit due (or the last one)
+                since += sizes[j]
+                length = min(length + sizes[j], deb.buffer_size)
+                due = length >= deb.min_pairs and since >= deb.refit_every
+                if due or j == len(sizes) - 1:
+                    break
+                j += 1
+            a, b = int(offsets[i]), int(offsets[j + 1])
+            self.pairs_evicted += deb.append_groups(wm[a:b], env[a:b], sizes[i:j + 1])
+            before = deb.map
+            calibrated = wm[a:b].copy() if before is None else np.interp(wm[a:b], before.x, before.y)
+            if due and deb.refit():
+                last = int(offsets[j])
+                calibrated[last - a:] = np.interp(wm[last:b], deb.map.x, deb.map.y)
+            s2 = disagreements_of_groups(calibrated, env[a:b], np.asarray(sizes[i:j + 1]))
+            for value in s2.tolist():
+                if value != value:  # NaN: degenerate group, skipped
+                    self.groups_skipped += 1
+                else:
+                    self.weighter.push(value)
+            self.pairs_seen += b - a
+            self.groups_seen += j + 1 - i
+            i = j + 1
 
     def _touch(self, trainer: str) -> None:
         self.recent[trainer] = self.recent.pop(trainer)
