@@ -214,7 +214,7 @@ class CalibrationClient:
             return True
 
     def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued (up to ``timeout`` seconds), then stop."""
+        """Send what is queued (for up to ``timeout`` seconds), then stop; what is left is abandoned."""
         flushed = self.flush(timeout)
         if not flushed:
             log.warning("closing with %d groups not acknowledged", self.pending_groups)
@@ -231,7 +231,7 @@ class CalibrationClient:
             return self._inflight
         if not self._queue:
             return None
-        due = (len(self._queue) >= self.batch_groups or self._flush_requested or self._closing
+        due = (len(self._queue) >= self.batch_groups or self._flush_requested
                or time.monotonic() - (self._queued_at or 0.0) >= self.flush_interval)
         if not due:
             return None
@@ -245,10 +245,10 @@ class CalibrationClient:
         backoff = self.backoff_initial
         while True:
             with self._cond:
+                if self._closing:  # close() has already flushed for as long as it was allowed to
+                    return
                 batch = self._next_batch()
                 refresh = (self._contact is None or time.monotonic() - self._contact >= self.refresh_interval)
-                if batch is None and self._closing:
-                    return
                 if batch is None and not refresh:
                     wait = self.flush_interval if self._queue else self.refresh_interval
                     self._cond.wait(wait)
@@ -258,7 +258,7 @@ class CalibrationClient:
                 backoff = self.backoff_initial
                 continue
             with self._cond:
-                if self._closing and batch is None:
+                if self._closing:
                     return
                 self._cond.wait(backoff)  # woken early only by observe/flush/close; retry then is fine
             backoff = min(self.backoff_max, backoff * 2)
