@@ -61,7 +61,7 @@ BASE_SPEC: dict[str, Any] = {
     "worldModel": {"backend": "learned"},
     "tasks": {"builtin": "mini-ml", "heldOut": ["iris", "wine", "diabetes", "friedman3"]},
     "algorithm": {
-        "groupSize": 8, "groupsPerStep": 4, "steps": 30, "learningRate": 0.002, "klBeta": 0.0, "entropyCoef": 0.0,
+        "groupSize": 8, "groupsPerStep": 4, "steps": 30, "learningRate": 0.002,
         "anchors": {"fraction": 0.25, "minPerStep": 1, "maxConcurrent": 8},
         "debiasing": {"minPairs": 32, "refitEvery": 16},
         "denoising": {"warmup": 4, "halfLife": 16},
@@ -71,8 +71,11 @@ BASE_SPEC: dict[str, Any] = {
 }
 """The quickstart's run (examples/quickstart.yaml), minus the seed and step budget the bench sets."""
 
-PRESETS = {"quick": {"seeds": 2, "steps": 16, "eval_every": 4, "eval_samples": 16},
-           "full": {"seeds": 3, "steps": 30, "eval_every": 5, "eval_samples": 32}}
+PRESETS = {
+    # --quick: < 15 min on 2 cores. Groups of 4 (16 rollouts a step) keep the real arm affordable.
+    "quick": {"seeds": 2, "steps": 8, "eval_every": 4, "eval_samples": 8, "group_size": 4, "groups_per_step": 4},
+    "full": {"seeds": 3, "steps": 20, "eval_every": 4, "eval_samples": 16, "group_size": 8, "groups_per_step": 4},
+}
 
 
 def arm_config(arm: str, seed: int, steps: int, base: dict[str, Any] = BASE_SPEC,
@@ -230,7 +233,7 @@ def main(args: argparse.Namespace) -> int:
 
     quiet_libraries()
     preset = dict(PRESETS["quick" if args.quick else "full"])
-    for key in ("seeds", "steps", "eval_every", "eval_samples"):
+    for key in ("seeds", "steps", "eval_every", "eval_samples", "group_size", "groups_per_step"):
         if getattr(args, key, None) is not None:
             preset[key] = getattr(args, key)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -244,8 +247,8 @@ def main(args: argparse.Namespace) -> int:
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="wmrl-speedup-"))
     try:
         runs = run_bench(arms, list(range(preset["seeds"])), preset["steps"], preset["eval_every"],
-                         preset["eval_samples"], args.sandboxes, work_dir, group_size=args.group_size,
-                         groups_per_step=args.groups_per_step)
+                         preset["eval_samples"], args.sandboxes, work_dir, group_size=preset["group_size"],
+                         groups_per_step=preset["groups_per_step"])
     finally:
         if own_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
@@ -257,6 +260,8 @@ def main(args: argparse.Namespace) -> int:
         "steps": preset["steps"],
         "eval_every": preset["eval_every"],
         "eval_samples_per_task": preset["eval_samples"],
+        "group_size": preset["group_size"],
+        "groups_per_step": preset["groups_per_step"],
         "held_out_tasks": BASE_SPEC["tasks"]["heldOut"],
         "base_spec": BASE_SPEC,
         "machine": {"cpus": os.cpu_count(), "sandboxes": args.sandboxes},
