@@ -42,7 +42,7 @@ def test_run_writes_results_and_plot_and_stops_every_service(tmp_path, wmrl_env)
     assert all(p["reward"] is not None and 0 <= p["reward"] <= 1 for p in curve)
     assert curve[0]["wall_clock_s"] == 0 and curve[-1]["wall_clock_s"] == pytest.approx(data["wall_clock_s"])
     assert data["config"]["runtime"]["patchStatus"] is False
-    assert (results / "held_out.png").stat().st_size > 1000
+    assert (results / "results.png").stat().st_size > 1000
     pids = _service_pids(results)
     assert len(pids) == 3  # two sandboxes + the calibration service
     assert not [p for p in pids if alive(p)]

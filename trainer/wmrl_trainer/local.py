@@ -20,7 +20,7 @@ deterministic programs, so this changes no number, only the time evaluations tak
 
 The results folder (default ``./wmrl-results/<run name>/``) holds ``results.json`` (config,
 per-step records, the held-out curve against training wall-clock and real executions),
-``held_out.png``, ``steps.jsonl`` (the trainer's line per step), the checkpoints and the
+``results.png``, ``steps.jsonl`` (the trainer's line per step), the checkpoints and the
 services' logs (``logs/``, with ``services.json``: name, pid, URL of each). Ctrl-C checkpoints after the
 current step and exits 130; running the same command again resumes from that checkpoint
 and continues the curves. Every process started here is stopped on the way out, error or
@@ -56,7 +56,7 @@ from wmrl.api.schema import Mode, field_errors
 log = logging.getLogger("wmrl.local")
 
 RESULTS_FILE = "results.json"
-PLOT_FILE = "held_out.png"
+PLOT_FILE = "results.png"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 

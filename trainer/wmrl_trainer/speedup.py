@@ -73,7 +73,7 @@ BASE_SPEC: dict[str, Any] = {
 
 PRESETS = {
     # --quick: < 15 min on 2 cores. Groups of 4 (16 rollouts a step) keep the real arm affordable.
-    "quick": {"seeds": 2, "steps": 8, "eval_every": 4, "eval_samples": 8, "group_size": 4, "groups_per_step": 4},
+    "quick": {"seeds": 2, "steps": 6, "eval_every": 2, "eval_samples": 4, "group_size": 4, "groups_per_step": 4},
     "full": {"seeds": 3, "steps": 20, "eval_every": 4, "eval_samples": 16, "group_size": 8, "groups_per_step": 4},
 }
 
