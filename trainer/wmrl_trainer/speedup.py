@@ -25,7 +25,8 @@ evaluation step; ``final_reward`` (+ ``final_reward_std``); ``time_to_target_s``
 ``executions_to_target``: where the arm's MEAN curve first reaches the target, linearly
 interpolated between evaluations, null if it never does; the same per seed for the spread.
 Target = the ``real`` arm's mean final held-out reward. ``speedup`` = real's time to target
-/ wmrl's.
+/ wmrl's. Presets (:data:`PRESETS`): ``--quick`` (< 15 min on 2 cores) and the full run;
+measured figures are in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -73,13 +74,18 @@ BASE_SPEC: dict[str, Any] = {
 
 PRESETS = {
     # --quick: < 15 min on 2 cores. Groups of 4 (16 rollouts a step) keep the real arm affordable.
-    "quick": {"seeds": 2, "steps": 6, "eval_every": 2, "eval_samples": 4, "group_size": 4, "groups_per_step": 4},
-    "full": {"seeds": 3, "steps": 20, "eval_every": 4, "eval_samples": 16, "group_size": 8, "groups_per_step": 4},
+    # Its calibration thresholds are scaled to the 4 anchor pairs a step it collects (first fit after
+    # 2 steps), for every arm alike; the full preset keeps the quickstart's.
+    "quick": {"seeds": 2, "steps": 6, "eval_every": 2, "eval_samples": 4, "group_size": 4, "groups_per_step": 4,
+              "calibration": {"debiasing": {"minPairs": 8, "refitEvery": 8}, "denoising": {"warmup": 2, "halfLife": 8}}},
+    "full": {"seeds": 3, "steps": 20, "eval_every": 4, "eval_samples": 16, "group_size": 8, "groups_per_step": 4,
+             "calibration": {}},
 }
 
 
 def arm_config(arm: str, seed: int, steps: int, base: dict[str, Any] = BASE_SPEC,
-               group_size: Optional[int] = None, groups_per_step: Optional[int] = None) -> RunConfig:
+               group_size: Optional[int] = None, groups_per_step: Optional[int] = None,
+               calibration: Optional[dict[str, dict[str, Any]]] = None) -> RunConfig:
     """The run of ``arm`` at ``seed``: the base spec with the arm's mode and corrections, nothing else."""
     settings = ARMS[arm]
     spec = json.loads(json.dumps(base))
@@ -90,6 +96,8 @@ def arm_config(arm: str, seed: int, steps: int, base: dict[str, Any] = BASE_SPEC
         alg["groupSize"] = group_size
     if groups_per_step is not None:
         alg["groupsPerStep"] = groups_per_step
+    for part, values in (calibration or {}).items():  # shared by every arm: never an arm's own setting
+        alg.setdefault(part, {}).update(values)
     if "debiasing" in settings:
         alg.setdefault("debiasing", {})["enabled"] = settings["debiasing"]
         alg.setdefault("denoising", {})["enabled"] = settings["denoising"]
@@ -178,7 +186,8 @@ def summarize(runs_by_arm: dict[str, list[dict[str, Any]]], target_arm: str = "r
 
 def run_bench(arms: Sequence[str], seeds: Sequence[int], steps: int, eval_every: int, eval_samples: int,
               sandboxes: int, work_dir: Path, log=print, group_size: Optional[int] = None,
-              groups_per_step: Optional[int] = None) -> dict[str, list[dict[str, Any]]]:
+              groups_per_step: Optional[int] = None,
+              calibration: Optional[dict[str, dict[str, Any]]] = None) -> dict[str, list[dict[str, Any]]]:
     from wmrl_trainer.local import LocalServices, RunOptions, local_runtime, train_and_evaluate
 
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
@@ -186,22 +195,23 @@ def run_bench(arms: Sequence[str], seeds: Sequence[int], steps: int, eval_every:
     with LocalServices(sandboxes, work_dir / "logs") as services:
         for seed in seeds:
             for arm in arms:
-                config = arm_config(arm, seed, steps, group_size=group_size, groups_per_step=groups_per_step)
+                config = arm_config(arm, seed, steps, group_size=group_size, groups_per_step=groups_per_step,
+                                    calibration=calibration)
                 run_dir = work_dir / config.metadata.name
                 shutil.rmtree(run_dir, ignore_errors=True)
-                calibration = None
+                service = None
                 if config.spec.mode is Mode.WMRL:
-                    calibration = services.start_calibration(run_dir / "calibration-state.json", config.spec.algorithm,
-                                                             name=f"calibration-{config.metadata.name}")
+                    service = services.start_calibration(run_dir / "calibration-state.json", config.spec.algorithm,
+                                                         name=f"calibration-{config.metadata.name}")
                 try:
                     config = local_runtime(config, run_dir, services.sandbox_urls,
-                                           calibration.url if calibration else None)
+                                           service.url if service else None)
                     options = RunOptions(eval_every=eval_every, eval_samples=eval_samples, progress=False,
                                          eval_cache=eval_cache)
                     result, _ = train_and_evaluate(config, services.sandbox_urls, run_dir, options)
                 finally:
-                    if calibration is not None:
-                        services.stop(calibration)
+                    if service is not None:
+                        services.stop(service)
                 held = result["held_out"]
                 log(json.dumps({"event": "run", "arm": arm, "seed": seed, "initial": held["initial_reward"],
                                 "final": held["final_reward"], "wall_clock_s": round(result["wall_clock_s"], 1),
@@ -248,7 +258,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         runs = run_bench(arms, list(range(preset["seeds"])), preset["steps"], preset["eval_every"],
                          preset["eval_samples"], args.sandboxes, work_dir, group_size=preset["group_size"],
-                         groups_per_step=preset["groups_per_step"])
+                         groups_per_step=preset["groups_per_step"], calibration=preset["calibration"])
     finally:
         if own_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
@@ -262,6 +272,7 @@ def main(args: argparse.Namespace) -> int:
         "eval_samples_per_task": preset["eval_samples"],
         "group_size": preset["group_size"],
         "groups_per_step": preset["groups_per_step"],
+        "calibration_overrides": preset["calibration"],
         "held_out_tasks": BASE_SPEC["tasks"]["heldOut"],
         "base_spec": BASE_SPEC,
         "machine": {"cpus": os.cpu_count(), "sandboxes": args.sandboxes},
