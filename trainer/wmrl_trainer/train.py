@@ -54,7 +54,7 @@ def build_dispatcher(config: RunConfig) -> Any:
         endpoints = EndpointSliceEndpoints(config.metadata.namespace, runtime.sandbox_service, runtime.sandbox_port)
     else:
         raise ValueError("runtime: set sandboxUrls or sandboxService (the mode needs real execution)")
-    return SandboxDispatcher(endpoints, slots_per_pod=sandbox.slots_per_pod, timeout=sandbox.timeout_seconds + 30)
+    return SandboxDispatcher(endpoints, slots_per_pod=sandbox.slots_per_pod, timeout=sandbox.timeout_seconds)
 
 
 def build_calibration(config: RunConfig) -> Any:
