@@ -85,14 +85,18 @@ def markdown_table(results: dict[str, Any]) -> str:
         arm = arms[name]
         t = arm.get("time_to_target_s")
         speed = real_time / t if real_time is not None and t not in (None, 0) else None
+        speed_text = _fmt(speed, 2, "x") if t != 0 else "n/a (target met at start)"
         final = arm.get("final_reward")
         std = arm.get("final_reward_std") or 0.0
         final_text = "n/a" if final is None else f"{final:.3f} +- {std:.3f}"
         executions = arm.get("executions_to_target")
         lines.append(f"| {ARM_LABELS.get(name, name)} (`{name}`) | {_fmt(t, 1)} | {_fmt(executions, 0)} | "
-                     f"{final_text} | {_fmt(speed, 2, 'x')} |")
+                     f"{final_text} | {speed_text} |")
     if results.get("speedup") is not None:
         lines.append(f"\nSpeedup (real arm's time to target / wmrl's): **{results['speedup']:.2f}x**.")
+    elif real_time == 0:
+        lines.append("\nSpeedup undefined: the real arm ended no higher than the starting policy, "
+                     "so every arm meets the target at step 0.")
     return "\n".join(lines) + "\n"
 
 
