@@ -228,34 +228,10 @@ class HeldOutEvaluator:
         self.cache: dict[tuple[str, str], Optional[float]] = cache if cache is not None else {}
 
     def sample(self, model: Any, tokenizer: Any, sampling: Any) -> list[tuple[Any, str]]:
-        import torch
+        from wmrl_trainer.train import sample_solutions
 
-        from wmrl_trainer.grpo import completion_text
-        from wmrl_trainer.loop import extract_code
-        from wmrl_trainer.train import make_prompt
-
-        was_training = model.training
-        model.eval()
-        out: list[tuple[Any, str]] = []
-        try:
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
-                torch.manual_seed(self.seed)
-                for task in self.tasks:
-                    prompt = make_prompt(task, tokenizer)
-                    if isinstance(prompt, list):
-                        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
-                                                            return_dict=True)
-                    else:
-                        ids = tokenizer(prompt, return_tensors="pt")
-                    ids = {k: v.to(model.device) for k, v in ids.items()}
-                    gen = model.generate(**ids, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                         max_new_tokens=sampling.max_new_tokens, num_return_sequences=self.samples,
-                                         pad_token_id=tokenizer.pad_token_id)
-                    texts = tokenizer.batch_decode(gen[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-                    out += [(task, extract_code(completion_text(t))) for t in texts]
-        finally:
-            model.train(was_training)
-        return out
+        return [(task, code) for task, codes in sample_solutions(model, tokenizer, self.tasks, sampling, self.samples,
+                                                                 seed=self.seed) for code in codes]
 
     def evaluate(self, model: Any, tokenizer: Any, sampling: Any) -> dict[str, Any]:
         started = time.perf_counter()

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -187,6 +187,43 @@ class _Hook:
         return Hook()
 
 
+
+def sample_solutions(model: Any, tokenizer: Any, tasks: Sequence[Task], sampling: Any, samples_per_task: int,
+                     seed: Optional[int] = None) -> Iterator[tuple[Task, list[str]]]:
+    """Yield each task with ``samples_per_task`` scripts sampled from the current policy.
+
+    Sampling uses the run's settings and forks the torch RNG streams (seeded with ``seed``
+    when given), so evaluating never changes what training draws; the model's train/eval
+    mode is restored afterwards.
+    """
+    import torch
+
+    from wmrl_trainer.grpo import completion_text
+    from wmrl_trainer.loop import extract_code
+
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            for task in tasks:
+                prompt = make_prompt(task, tokenizer)
+                if isinstance(prompt, list):
+                    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
+                                                        return_dict=True)
+                else:
+                    ids = tokenizer(prompt, return_tensors="pt")
+                ids = {k: v.to(model.device) for k, v in ids.items()}
+                out = model.generate(**ids, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                     max_new_tokens=sampling.max_new_tokens, num_return_sequences=samples_per_task,
+                                     pad_token_id=tokenizer.pad_token_id)
+                texts = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+                yield task, [extract_code(completion_text(t)) for t in texts]
+    finally:
+        model.train(was_training)
+
 class WMRLTrainer:
     """One run: ``train()``, ``evaluate()``, ``save_checkpoint()``; see the module docstring."""
 
@@ -299,38 +336,15 @@ class WMRLTrainer:
         Generation uses the current policy with the run's sampling settings and leaves the
         training RNG streams untouched, so evaluating does not change what training does.
         """
-        import torch
-
-        from wmrl_trainer.grpo import completion_text
-        from wmrl_trainer.loop import extract_code
-
         dispatcher = self.step.dispatcher
         if dispatcher is None:
             raise ValueError("evaluate needs a sandbox dispatcher (runtime.sandboxUrls or sandboxService)")
         model = self.grpo.accelerator.unwrap_model(self.grpo.model)
-        tokenizer = self.grpo.processing_class
-        sampling = self.config.spec.policy.sampling
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         futures: list[cf.Future] = []
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.random.fork_rng(devices=devices), torch.no_grad():
-                for task in tasks:
-                    prompt = make_prompt(task, tokenizer)
-                    if isinstance(prompt, list):
-                        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
-                                                            return_dict=True)
-                    else:
-                        ids = tokenizer(prompt, return_tensors="pt")
-                    ids = {k: v.to(model.device) for k, v in ids.items()}
-                    out = model.generate(**ids, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                         max_new_tokens=sampling.max_new_tokens, num_return_sequences=samples_per_task,
-                                         pad_token_id=tokenizer.pad_token_id)
-                    texts = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-                    futures += [dispatcher.run_task(task, extract_code(completion_text(t))) for t in texts]
-        finally:
-            model.train(was_training)
+        # Execution of one task's samples overlaps with generation for the next task.
+        for task, codes in sample_solutions(model, self.grpo.processing_class, tasks,
+                                            self.config.spec.policy.sampling, samples_per_task):
+            futures += [dispatcher.run_task(task, code) for code in codes]
         done, _ = cf.wait(futures, timeout=self.step.execution_timeout)
         rewards = []
         for future in futures:
