@@ -1,7 +1,6 @@
 """Real `wmrl calibration serve` processes on 127.0.0.1 for the calibration tests."""
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
+from subprocesses import ManagedProcess
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -18,7 +19,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
+class Server(ManagedProcess):
     def __init__(self, args, env=None, log_path=None):
         self.args, self.env, self.log_path = list(args), env, log_path
         self.port = free_port()
@@ -41,17 +42,6 @@ class Server:
             time.sleep(0.05)
         raise TimeoutError("calibration service did not start")
 
-    def kill9(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill9()
 
 
 @pytest.fixture

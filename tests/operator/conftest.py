@@ -3,7 +3,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,11 +11,14 @@ import uuid
 import pytest
 import yaml
 
+from subprocesses import ManagedProcess
 from wmrl.api.crd import crd_yaml
 
 
-class Operator:
+class Operator(ManagedProcess):
     """`wmrl operator --standalone --namespace NS` as a real process; restartable and killable."""
+
+    stop_timeout = 15.0
 
     def __init__(self, kubeconfig, namespace, log_path, resync=1.0):
         self.kubeconfig, self.namespace, self.log_path, self.resync = kubeconfig, namespace, log_path, resync
@@ -31,17 +33,8 @@ class Operator:
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         return self
 
-    def kill9(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill9()
+        super().stop()
         self.log.close()
 
 
