@@ -43,7 +43,9 @@ def test_sampled_scripts_cover_the_reward_ladder():
     names = collections.Counter(c.name for _ in range(2000) for c in solutions.sample_script(rng))
     for bad in ("load_syntax_error", "load_wrong_path", "fit_wrong_api", "print_only", "write_wrong_header"):
         assert names[bad] > 0
-    assert names["write"] > 1000  # most scripts write a submission
+    solving = sum(n for name, n in names.items() if solutions.BY_NAME[name].slot == "solve" and name not in (
+        "print_only", "write_wrong_header", "fit_wrong_api", "model_syntax_error"))
+    assert solving > 1000  # most scripts fit an estimator and write a submission
     for kind in ("classification", "regression"):
         assert _compiles(solutions.render(solutions.best_script(kind)))
 
@@ -69,6 +71,17 @@ def test_warm_started_policy_builds_offline_caches_and_mostly_compiles(tmp_path,
     assert "Classifier" in joined and "Regressor" in joined
     assert "fit_transfrom" in joined or "model.train" in joined or "print('train score'" in joined
     assert len(set(texts)) > 20
+
+
+def test_every_script_ends_in_one_solve_chunk_that_fits_and_writes():
+    """No shared fit/write scaffold token exists for RL to unlearn (the demo policy's old collapse)."""
+    rng = random.Random(2)
+    for _ in range(200):
+        script = solutions.sample_script(rng)
+        assert [c.slot for c in script][-1] == "solve"
+        assert sum(c.slot == "solve" for c in script) == 1
+    for chunk in solutions.slot_chunks("solve", bad=False):
+        assert "model.fit(X, y)" in chunk.code and "header='id,target'" in chunk.code
 
 
 def test_unknown_builtin_is_an_error_naming_the_field(tmp_path):

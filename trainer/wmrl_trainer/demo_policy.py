@@ -6,7 +6,7 @@ laptop in minutes.
 
 * **Tokenizer** (``tokenizers`` wrapped in transformers' fast tokenizer): every code chunk
   of :mod:`wmrl_trainer.solutions` (a few whole lines) is ONE token, so a full solution
-  script is ~5 tokens. Prompt text is reduced to a handful of keywords: a normalizer
+  script is ~3 tokens. Prompt text is reduced to a handful of keywords: a normalizer
   lower-cases it and deletes every word that is not in :data:`PROMPT_WORDS` (task kind,
   metric, direction, a few generic data words), so whatever the prompt template says, the
   model sees e.g. ``<bos> classification accuracy higher`` -- a few tokens that carry what
@@ -36,7 +36,7 @@ from typing import Any
 
 from wmrl_trainer import solutions
 
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
 PROMPT_WORDS: tuple[str, ...] = (
     "classification", "regression", "class", "binary",

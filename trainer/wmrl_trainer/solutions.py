@@ -2,17 +2,25 @@
 
 A solution for a mini-ml task (data contract: ``data/train.csv`` = ``id,f0..f{n-1},target``,
 ``data/test.csv`` = ``id,f0..f{n-1}``, write ``submission.csv`` with header ``id,target``)
-is assembled from five slots, each filled by one *chunk* (a few whole lines of code):
+is assembled from three slots, each filled by one *chunk* (a few whole lines of code):
 
-  load -> [preprocess] -> model -> fit -> write
+  load -> [preprocess] -> solve      (solve = build an estimator, fit it, write predictions)
 
 Every chunk is one token of the demo policy's vocabulary (:mod:`wmrl_trainer.demo_policy`),
-so a whole script is ~5 tokens and CPU RL is fast. Besides good chunks the library holds
+so a whole script is ~3 tokens and CPU RL is fast. Besides good chunks the library holds
 plausible mistakes that land on every rung of the reward ladder: a syntax error, a wrong
 path or a misspelt method (runtime error), printing a score instead of writing the
 submission or writing the wrong header (no valid submission), a classifier on a regression
 task (runtime error: sklearn rejects continuous labels) or a regressor on a classification
 task (valid but poor). Scripts use numpy + scikit-learn only.
+
+Why fitting and writing live inside each estimator's chunk: with separate ``fit`` and
+``write`` tokens shared by every script, GRPO blames them for every failed script too, and
+the tiny policy drifted into a degenerate mode (estimator chunks repeated to the token
+limit, never fitting or writing: every group constant at 0.2, advantages zero, no way
+back), in the real-execution arm as much as in WMRL's. A solve chunk is a complete ending:
+a repeated or truncated completion still writes a submission, and what RL credits or blames
+is the choice of estimator itself.
 
 :func:`sample_script` draws random mixtures of good and bad choices, independent of the
 task: the supervised warm start on such scripts gives a *mediocre* starting policy with
@@ -38,8 +46,14 @@ class Chunk:
     fits: str = "any"  # any | classification | regression | bad
 
 
+_FIT = "model.fit(X, y)\n"
+_PREDICT = "pred = model.predict(X_test)\n"
+
+
 def _model(name: str, module: str, cls: str, args: str, fits: str) -> Chunk:
-    return Chunk(name, "model", f"from sklearn.{module} import {cls}\nmodel = {cls}({args})\n", fits)
+    """A solve chunk: build ``cls(args)``, fit it, write its test predictions."""
+    return Chunk(name, "solve", f"from sklearn.{module} import {cls}\nmodel = {cls}({args})\n"
+                 + _FIT + _PREDICT + _SAVE.format(header="id,target"), fits)
 
 
 CHUNKS: tuple[Chunk, ...] = (
@@ -76,7 +90,7 @@ CHUNKS: tuple[Chunk, ...] = (
     Chunk("scaler_typo", "preprocess",
           "from sklearn.preprocessing import StandardScaler\n"
           "X = StandardScaler().fit_transfrom(X)\n", "bad"),
-    # model: classifiers
+    # solve: classifiers (fit + write included)
     _model("logreg", "linear_model", "LogisticRegression", "max_iter=1000", "classification"),
     _model("logreg_strong_l2", "linear_model", "LogisticRegression", "C=0.01, max_iter=1000", "classification"),
     _model("rf_clf", "ensemble", "RandomForestClassifier", "n_estimators=100, random_state=0", "classification"),
@@ -87,7 +101,7 @@ CHUNKS: tuple[Chunk, ...] = (
     _model("svc", "svm", "SVC", "C=3.0", "classification"),
     _model("extra_trees_clf", "ensemble", "ExtraTreesClassifier", "n_estimators=100, random_state=0", "classification"),
     _model("dummy_clf", "dummy", "DummyClassifier", "strategy='most_frequent'", "classification"),
-    # model: regressors
+    # solve: regressors
     _model("linreg", "linear_model", "LinearRegression", "", "regression"),
     _model("ridge", "linear_model", "Ridge", "alpha=1.0", "regression"),
     _model("ridge_strong", "linear_model", "Ridge", "alpha=1000.0", "regression"),
@@ -98,26 +112,28 @@ CHUNKS: tuple[Chunk, ...] = (
     _model("svr", "svm", "SVR", "C=3.0", "regression"),
     _model("extra_trees_reg", "ensemble", "ExtraTreesRegressor", "n_estimators=100, random_state=0", "regression"),
     _model("dummy_reg", "dummy", "DummyRegressor", "", "regression"),
-    Chunk("model_syntax_error", "model",
+    # solve: mistakes in building, fitting or writing (the estimator itself would be fine)
+    Chunk("model_syntax_error", "solve",
           "from sklearn.ensemble import RandomForestClassifier\n"
-          "model = RandomForestClassifier(n_estimators=100\n", "bad"),
-    # fit
-    Chunk("fit", "fit", "model.fit(X, y)\n"),
-    Chunk("fit_wrong_api", "fit", "model.train(X, y)\n", "bad"),
-    # write
-    Chunk("write", "write", "pred = model.predict(X_test)\n" + _SAVE.format(header="id,target")),
-    Chunk("write_wrong_header", "write", "pred = model.predict(X_test)\n" + _SAVE.format(header="id,prediction"), "bad"),
-    Chunk("print_only", "write", "print('train score', model.score(X, y))\n", "bad"),
+          "model = RandomForestClassifier(n_estimators=100\n" + _FIT + _PREDICT + _SAVE.format(header="id,target"), "bad"),
+    Chunk("fit_wrong_api", "solve",
+          "from sklearn.linear_model import Ridge\nmodel = Ridge(alpha=1.0)\n"
+          "model.train(X, y)\n" + _PREDICT + _SAVE.format(header="id,target"), "bad"),
+    Chunk("write_wrong_header", "solve",
+          "from sklearn.ensemble import RandomForestRegressor\nmodel = RandomForestRegressor(n_estimators=100, random_state=0)\n"
+          + _FIT + _PREDICT + _SAVE.format(header="id,prediction"), "bad"),
+    Chunk("print_only", "solve",
+          "from sklearn.linear_model import LogisticRegression\nmodel = LogisticRegression(max_iter=1000)\n"
+          + _FIT + "print('train score', model.score(X, y))\n", "bad"),
 )
 
-SLOTS: tuple[str, ...] = ("load", "preprocess", "model", "fit", "write")
-OPTIONAL_SLOTS = frozenset({"preprocess", "fit"})
+SLOTS: tuple[str, ...] = ("load", "preprocess", "solve")
 BY_NAME: dict[str, Chunk] = {c.name: c for c in CHUNKS}
 
 # Warm-start mixture: how often each slot is left out, and how often a bad chunk fills it.
 # Chosen so the starting policy lands on every rung of the ladder (see module docstring).
-SKIP_PROBABILITY = {"preprocess": 0.4, "fit": 0.05}
-BAD_PROBABILITY = {"load": 0.12, "preprocess": 0.15, "model": 0.06, "fit": 0.06, "write": 0.2}
+SKIP_PROBABILITY = {"preprocess": 0.4}
+BAD_PROBABILITY = {"load": 0.12, "preprocess": 0.15, "solve": 0.3}
 
 
 def slot_chunks(slot: str, bad: bool | None = None) -> list[Chunk]:
@@ -150,4 +166,4 @@ def render(chunks: list[Chunk]) -> str:
 def best_script(kind: str) -> list[Chunk]:
     """A strong solution for ``kind`` (classification | regression): a reference for tests."""
     model = "rf_clf" if kind == "classification" else "rf_reg"
-    return [BY_NAME["load"], BY_NAME["standard_scaler"], BY_NAME[model], BY_NAME["fit"], BY_NAME["write"]]
+    return [BY_NAME["load"], BY_NAME["standard_scaler"], BY_NAME[model]]
