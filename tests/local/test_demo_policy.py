@@ -59,6 +59,9 @@ def test_warm_started_policy_builds_offline_caches_and_mostly_compiles(tmp_path,
     assert built == [f"tiny-coder-{demo_policy.recipe_hash()}"]
     demo_policy.load_builtin("tiny-coder", cache)  # second load: from the cache, nothing rebuilt
     assert sorted(p.name for p in cache.iterdir()) == built
+    # The saved tokenizer still reduces prompts to their keywords (the policy can tell tasks apart).
+    prompt = tok("3-class classification: iris. Metric: accuracy (higher is better).")["input_ids"]
+    assert tok.convert_ids_to_tokens(prompt) == ["<bos>", "class", "classification", "accuracy", "higher"]
 
     torch.manual_seed(0)
     enc = tok(["Regression: a dataset. Metric: r2 (higher is better)."] * 200, return_tensors="pt", padding=True)

@@ -115,23 +115,33 @@ def build_model(tokenizer: Any, seed: int = 0) -> Any:
 # ---------------------------------------------------------------- warm start
 
 _KINDS = {"classification": ("accuracy", "f1_macro"), "regression": ("r2", "rmse", "mae")}
-_HIGHER = {"accuracy": "higher", "f1_macro": "higher", "r2": "higher", "rmse": "lower", "mae": "lower"}
-_EXTRA_WORDS = ("linear", "non linear", "noisy", "sparse", "synthetic", "images", "scales", "gaussian", "informative", "binary")
+_EXTRA_WORDS = ("linear", "non-linear", "noisy", "sparse", "synthetic", "images", "scales", "gaussian", "informative", "binary")
 
 
 def synthetic_prompt(rng: random.Random) -> str:
-    """A task-like prompt (kind, metric, direction, some data words) for the warm start.
+    """A task-like prompt for the warm start: the real prompt template on a made-up task.
 
-    The warm start pairs such prompts with task-independent scripts, so the starting policy
-    has seen prompts like the real ones but has not learnt to use them: that is RL's job.
-    No real task (held out or not) is used.
+    It goes through :func:`wmrl_trainer.prompts.task_prompt` and the mini-ml description, so
+    the keywords the model sees come in the same order and number as for real tasks (an
+    earlier, shorter template left the policy fragile on real prompts: the first RL update
+    broke it). The warm start pairs such prompts with task-independent scripts, so the
+    starting policy has seen prompts like the real ones but has not learnt to use them:
+    that is RL's job. No real task (held out or not) is used.
     """
+    from wmrl.tasks import Task
+    from wmrl_trainer.prompts import task_prompt
+    from wmrl_trainer.suite import describe
+
     kind = rng.choice(sorted(_KINDS))
     metric = rng.choice(_KINDS[kind])
-    words = rng.sample(_EXTRA_WORDS, rng.randint(0, 2))
-    cls = f"{rng.randint(2, 10)}-class classification" if kind == "classification" else "Regression"
-    return (f"{cls}: a {' '.join(words)} dataset. Metric: {metric} ({_HIGHER[metric]} is better). "
-            "Write a Python script that trains a model and writes submission.csv.")
+    source = " ".join(["a"] + rng.sample(_EXTRA_WORDS, rng.randint(0, 3)) + ["dataset"])
+    n_features = rng.randint(2, 64)
+    description = describe(kind, metric, source, n_features, rng.randint(100, 2000), rng.randint(50, 600),
+                           rng.randint(2, 10))
+    features = ",".join(f"f{i}" for i in range(n_features)).encode()
+    task = Task(name=f"task-{rng.randrange(10**6)}", description=description, kind=kind, metric=metric, target="target",
+                data={"train.csv": b"id," + features + b",target\n", "test.csv": b"id," + features + b"\n"})
+    return task_prompt(task)
 
 
 def sft_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -200,7 +210,7 @@ def recipe_hash() -> str:
     blob = json.dumps({
         "recipe": RECIPE_VERSION, "chunks": [(c.name, c.slot, c.code) for c in solutions.CHUNKS],
         "skip": solutions.SKIP_PROBABILITY, "bad": solutions.BAD_PROBABILITY, "words": PROMPT_WORDS,
-        "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT,
+        "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT, "prompt": synthetic_prompt(random.Random(0)),
         "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -241,9 +251,12 @@ def builtin_path(name: str, cache_dir: str | Path | None = None) -> Path:
 
 def load_builtin(name: str, cache_dir: str | Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) of builtin policy ``name`` (``tiny-coder``), warm-started and cached."""
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
     path = builtin_path(name, cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    # Not AutoTokenizer: for a directory whose config.json says qwen2, transformers 5 builds a
+    # Qwen2Tokenizer and swaps in Qwen2's normalizer and pre-tokenizer, which silently deleted
+    # every prompt word (the policy saw only <bos> and could not tell tasks apart).
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     tokenizer.padding_side = "left"
     return Qwen2ForCausalLM.from_pretrained(path), tokenizer

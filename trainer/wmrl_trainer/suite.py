@@ -54,11 +54,12 @@ def _read(content: bytes) -> np.ndarray:
     return np.loadtxt(io.BytesIO(content), delimiter=",", skiprows=1, ndmin=2)
 
 
-def _description(spec: DatasetSpec, n_features: int, n_train: int, n_test: int, n_classes: int) -> str:
-    kind = f"{n_classes}-class classification" if spec.kind == "classification" else "regression"
-    better = "higher" if METRICS_HIGHER_IS_BETTER[spec.metric] else "lower"
-    return (f"{kind.capitalize()}: {spec.source}. {n_features} numeric features f0..f{n_features - 1}; "
-            f"{n_train} training rows, {n_test} test rows. Metric: {spec.metric} ({better} is better).")
+def describe(kind: str, metric: str, source: str, n_features: int, n_train: int, n_test: int, n_classes: int) -> str:
+    """A mini-ml task's description (also the template of the demo policy's warm-start prompts)."""
+    label = f"{n_classes}-class classification" if kind == "classification" else "regression"
+    better = "higher" if METRICS_HIGHER_IS_BETTER[metric] else "lower"
+    return (f"{label.capitalize()}: {source}. {n_features} numeric features f0..f{n_features - 1}; "
+            f"{n_train} training rows, {n_test} test rows. Metric: {metric} ({better} is better).")
 
 
 def _task_files(spec: DatasetSpec) -> dict[str, bytes]:
@@ -81,7 +82,7 @@ def _task_files(spec: DatasetSpec) -> dict[str, bytes]:
     n_classes = len(np.unique(y)) if spec.kind == "classification" else 0
     task = Task(
         name=spec.name,
-        description=_description(spec, nf, n_train, n_test, n_classes),
+        description=describe(spec.kind, spec.metric, spec.source, nf, n_train, n_test, n_classes),
         kind=spec.kind,
         metric=spec.metric,
         target="target",
