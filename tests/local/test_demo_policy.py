@@ -76,6 +76,26 @@ def test_warm_started_policy_builds_offline_caches_and_mostly_compiles(tmp_path,
     assert len(set(texts)) > 20
 
 
+def test_warm_start_scripts_lean_weakly_towards_the_tasks_kind():
+    rng = random.Random(4)
+    for kind, other in (("classification", "regression"), ("regression", "classification")):
+        fits = collections.Counter(c.fits for _ in range(4000) for c in solutions.sample_script(rng, kind) if c.slot == "solve")
+        share = fits[kind] / (fits[kind] + fits[other])
+        assert abs(share - solutions.KIND_MATCH) < 0.03
+    fits = collections.Counter(c.fits for _ in range(4000) for c in solutions.sample_script(rng) if c.slot == "solve")
+    assert abs(fits["classification"] / (fits["classification"] + fits["regression"]) - 0.5) < 0.05
+
+
+def test_warm_start_prompts_use_the_real_template():
+    tok = demo_policy.build_tokenizer()
+    task = demo_policy.synthetic_task(random.Random(5))
+    from wmrl_trainer.prompts import task_prompt
+
+    words = tok.convert_ids_to_tokens(tok(task_prompt(task))["input_ids"])
+    # kind (task line), the description's kind and metric, the score line's metric, "ranks higher"
+    assert words[:2] == ["<bos>", task.kind] and words.count(task.metric) == 2 and words[-1] == "higher"
+
+
 def test_every_script_ends_in_one_solve_chunk_that_fits_and_writes():
     """No shared fit/write scaffold token exists for RL to unlearn (the demo policy's old collapse)."""
     rng = random.Random(2)

@@ -118,18 +118,18 @@ _KINDS = {"classification": ("accuracy", "f1_macro"), "regression": ("r2", "rmse
 _EXTRA_WORDS = ("linear", "non-linear", "noisy", "sparse", "synthetic", "images", "scales", "gaussian", "informative", "binary")
 
 
-def synthetic_prompt(rng: random.Random) -> str:
-    """A task-like prompt for the warm start: the real prompt template on a made-up task.
+def synthetic_task(rng: random.Random) -> Any:
+    """A made-up task for the warm start; its prompt is the real prompt template (``task_prompt``).
 
     It goes through :func:`wmrl_trainer.prompts.task_prompt` and the mini-ml description, so
     the keywords the model sees come in the same order and number as for real tasks (an
     earlier, shorter template left the policy fragile on real prompts: the first RL update
     broke it). The warm start pairs such prompts with task-independent scripts, so the
-    starting policy has seen prompts like the real ones but has not learnt to use them:
-    that is RL's job. No real task (held out or not) is used.
+    starting policy has seen prompts like the real ones and leans only weakly towards the
+    right kind of estimator (:data:`wmrl_trainer.solutions.KIND_MATCH`): RL has to learn the
+    rest. No real task (held out or not) is used.
     """
     from wmrl.tasks import Task
-    from wmrl_trainer.prompts import task_prompt
     from wmrl_trainer.suite import describe
 
     kind = rng.choice(sorted(_KINDS))
@@ -139,18 +139,20 @@ def synthetic_prompt(rng: random.Random) -> str:
     description = describe(kind, metric, source, n_features, rng.randint(100, 2000), rng.randint(50, 600),
                            rng.randint(2, 10))
     features = ",".join(f"f{i}" for i in range(n_features)).encode()
-    task = Task(name=f"task-{rng.randrange(10**6)}", description=description, kind=kind, metric=metric, target="target",
+    return Task(name=f"task-{rng.randrange(10**6)}", description=description, kind=kind, metric=metric, target="target",
                 data={"train.csv": b"id," + features + b",target\n", "test.csv": b"id," + features + b"\n"})
-    return task_prompt(task)
 
 
 def sft_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids) pairs: random prompts, random mixed-quality scripts + EOS."""
+    """(prompt ids, completion ids) pairs: made-up tasks' prompts, random mixed-quality scripts + EOS."""
+    from wmrl_trainer.prompts import task_prompt
+
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        prompt = tokenizer(synthetic_prompt(rng))["input_ids"]
-        out.append((prompt, chunk_ids(tokenizer, solutions.sample_script(rng)) + [tokenizer.eos_token_id]))
+        task = synthetic_task(rng)
+        prompt = tokenizer(task_prompt(task))["input_ids"]
+        out.append((prompt, chunk_ids(tokenizer, solutions.sample_script(rng, task.kind)) + [tokenizer.eos_token_id]))
     return out
 
 
@@ -210,7 +212,8 @@ def recipe_hash() -> str:
     blob = json.dumps({
         "recipe": RECIPE_VERSION, "chunks": [(c.name, c.slot, c.code) for c in solutions.CHUNKS],
         "skip": solutions.SKIP_PROBABILITY, "bad": solutions.BAD_PROBABILITY, "words": PROMPT_WORDS,
-        "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT, "prompt": synthetic_prompt(random.Random(0)),
+        "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT,
+        "kind_match": solutions.KIND_MATCH, "task": repr(synthetic_task(random.Random(0))),
         "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

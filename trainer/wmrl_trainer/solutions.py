@@ -144,18 +144,28 @@ def slot_chunks(slot: str, bad: bool | None = None) -> list[Chunk]:
     return [c for c in chunks if (c.fits == "bad") == bad]
 
 
-def sample_script(rng: random.Random) -> list[Chunk]:
+KIND_MATCH = 0.65
+"""Warm start: how often a sensible estimator is of the task's kind (0.5 would ignore the task)."""
+
+
+def sample_script(rng: random.Random, kind: str | None = None) -> list[Chunk]:
     """A random solution: each slot skipped, filled badly or filled sensibly at random.
 
-    Model choices are uniform over classifiers and regressors regardless of the task, so
-    about half of the otherwise-good scripts pick the wrong kind of estimator.
+    The estimator is of the task's ``kind`` with probability :data:`KIND_MATCH`, else of the
+    other kind (uniform over both without a ``kind``): a weak lean towards the right kind
+    teaches the warm-started policy to read the prompt at all, and leaves about a third of
+    its otherwise-good scripts on the wrong kind of estimator for RL to unlearn.
     """
     script = []
     for slot in SLOTS:
         if rng.random() < SKIP_PROBABILITY.get(slot, 0.0):
             continue
         bad = rng.random() < BAD_PROBABILITY[slot]
-        script.append(rng.choice(slot_chunks(slot, bad=bad)))
+        choices = slot_chunks(slot, bad=bad)
+        if slot == "solve" and not bad and kind is not None:
+            wanted = kind if rng.random() < KIND_MATCH else ("regression" if kind == "classification" else "classification")
+            choices = [c for c in choices if c.fits == wanted]
+        script.append(rng.choice(choices))
     return script
 
 
