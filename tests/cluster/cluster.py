@@ -1066,6 +1066,26 @@ def _nodes_ready(p: _Paths) -> bool:
     return names <= ready
 
 
+def restart_apiserver(state_dir=None, downtime: float = 3.0, timeout: float = 120.0) -> float:
+    """Stop kube-apiserver, leave it down ``downtime`` seconds, start it again on the same etcd
+    data, certificates and port, and wait until it is ready. Every client (controller-manager,
+    scheduler, kwok, operators under test) sees its connections and watches drop, as in an
+    apiserver upgrade or crash. Returns how long the apiserver was unavailable (seconds)."""
+    p = _resolve(state_dir)
+    ports = _ports()
+    with _locked(p):
+        if not _cluster_ready(p, ports):
+            raise RuntimeError(f"no running cluster in {p.root} to restart the apiserver of")
+        t0 = time.time()
+        _stop(p, "kube-apiserver")
+        time.sleep(downtime)
+        _spawn(p, "kube-apiserver", _args(p, ports)["kube-apiserver"])
+        _wait("kube-apiserver /readyz after restart", lambda: _healthy(p, "kube-apiserver", ports),
+              timeout, p, "kube-apiserver")
+        _wait("cluster ready after apiserver restart", lambda: _cluster_ready(p, ports), timeout)
+        return time.time() - t0
+
+
 def down(state_dir=None) -> None:
     """Stop every component started by up() and wipe etcd data."""
     p = _resolve(state_dir)

@@ -118,6 +118,15 @@ def kube(crd_installed, namespace):
     return Kube(crd_installed, namespace)
 
 
+@pytest.fixture(scope="session")
+def kwok_nodes(k8s_cluster):
+    """Skip where pods cannot be finished by annotation: a cluster without kwok nodes (e.g. kind,
+    whose pods run the real images). On tests/cluster's control plane this never skips."""
+    res = k8s_cluster.kubectl("get", "nodes", "-l", "type=kwok", "-o", "name", check=False)
+    if res.returncode != 0 or not res.stdout.strip():
+        pytest.skip("needs kwok nodes (trainer pods finished with the wmrl.dev/kwok-phase annotation)")
+
+
 @pytest.fixture(scope="module")
 def operator(crd_installed, namespace, tmp_path_factory):
     op = Operator(crd_installed.kubeconfig, namespace, tmp_path_factory.mktemp("operator") / "operator.log").start()

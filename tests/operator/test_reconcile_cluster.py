@@ -46,7 +46,7 @@ def test_children_appear_owned_and_run_becomes_running(kube, operator):
     assert "Running" in printed and "wmrl" in printed
 
 
-def test_trainer_success_makes_run_succeeded_and_scales_pools_down(kube, operator):
+def test_trainer_success_makes_run_succeeded_and_scales_pools_down(kube, operator, kwok_nodes):
     kube.apply(run_manifest("beta", mode="real"))
     wait_for(lambda: phase(kube, "beta") == "Running", what="Running")
     assert kube.finish_pods("beta", "Succeeded") == 1
@@ -60,7 +60,7 @@ def test_trainer_success_makes_run_succeeded_and_scales_pools_down(kube, operato
                                                     "involvedObject.name=beta").stdout, what="TrainerCompleted event")
 
 
-def test_failed_trainer_restarts_up_to_max_then_run_fails(kube, operator):
+def test_failed_trainer_restarts_up_to_max_then_run_fails(kube, operator, kwok_nodes):
     kube.apply(run_manifest("gamma", mode="real", failurePolicy={"maxRestarts": 1}))
     wait_for(lambda: phase(kube, "gamma") == "Running", what="Running")
     first = kube.get("job", "gamma-trainer")["metadata"]["uid"]

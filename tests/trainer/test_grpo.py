@@ -17,10 +17,10 @@ from wmrl_scripted import ScriptedExecutor, ScriptedWorldModel, make_tasks
 pytestmark = pytest.mark.slow
 
 
-def run_config(tmp_path, mode: str = "wmrl", steps: int = 2, **algorithm) -> RunConfig:
+def run_config(tmp_path, mode: str = "wmrl", steps: int = 2, sampling=None, **algorithm) -> RunConfig:
     spec = WMRLRunSpec.model_validate({
         "mode": mode,
-        "policy": {"model": "tiny", "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 8}},
+        "policy": {"model": "tiny", "rolloutEngine": "transformers", "sampling": sampling or {"maxNewTokens": 8}},
         "tasks": {"builtin": "mini-ml"},
         "algorithm": {"groupSize": 4, "groupsPerStep": 2, "steps": steps, "learningRate": 1e-2, "seed": 3,
                       "anchors": {"fraction": 0.5}, **algorithm},
@@ -121,6 +121,32 @@ def test_ungraded_rows_never_reach_the_loss(tmp_path):
     assert (mask[torch.tensor(ungraded)] == 0).all()
     assert (out["advantages"][torch.tensor(ungraded)] == 0).all()
     assert out["num_items_in_batch"] == out["completion_mask"].sum()
+
+
+def test_mask_truncated_completions_leaves_scripts_without_eos_out_of_the_loss(tmp_path):
+    seen = []
+    config = run_config(tmp_path, "worldModel", steps=1, sampling={"maxNewTokens": 3, "maskTruncatedCompletions": True})
+    trainer = build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=ScriptedWorldModel(),
+                            dispatcher=None)
+    assert trainer.grpo.args.mask_truncated_completions is True
+    original = type(trainer.grpo)._generate_and_score_completions
+
+    def capture(self, inputs):
+        out = original(self, inputs)
+        seen.append(out)
+        return out
+
+    trainer.grpo._generate_and_score_completions = capture.__get__(trainer.grpo)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    out = seen[0]
+    eos = trainer.grpo.processing_class.eos_token_id
+    ended = (out["completion_ids"] == eos).any(dim=1)
+    assert (~ended).any()  # a random tiny model rarely stops within 3 tokens
+    assert (out["completion_mask"].sum(dim=1)[~ended] == 0).all()
+    assert (out["completion_mask"].sum(dim=1)[ended] > 0).all()
 
 
 def test_evaluate_returns_the_mean_real_reward_and_leaves_training_rng_alone(tmp_path):

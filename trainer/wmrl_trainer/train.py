@@ -128,6 +128,7 @@ def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool) -> Any:
         beta=alg.kl_beta,
         entropy_coef=alg.entropy_coef,
         max_completion_length=spec.policy.sampling.max_new_tokens,
+        mask_truncated_completions=spec.policy.sampling.mask_truncated_completions,
         temperature=spec.policy.sampling.temperature,
         top_p=spec.policy.sampling.top_p,
         seed=alg.seed,

@@ -69,6 +69,9 @@ class RolloutSampling(_Model):
     temperature: float = Field(1.0, gt=0, le=5)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(2048, ge=1, le=131072)
+    mask_truncated_completions: bool = Field(
+        False, description="Leave completions that reach maxNewTokens without EOS out of the loss (TRL's "
+                           "mask_truncated_completions, DAPO's overlong filtering): a truncated script is never reinforced.")
 
 
 class PolicySpec(_Model):

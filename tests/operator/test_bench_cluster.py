@@ -1,0 +1,28 @@
+"""`wmrl bench operator` end to end on the real control plane, at a tiny size (figures are reported, never asserted)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
+    out = tmp_path / "operator.json"
+    env = {**os.environ, "KUBECONFIG": str(crd_installed.kubeconfig)}
+    res = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "operator", "--runs", "3", "--steady", "2",
+                          "--timeout", "120", "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    assert result == json.loads(res.stdout[res.stdout.index("{"):])  # the same JSON on stdout
+    assert result["runs"] == result["completed"] == 3
+    assert result["children_per_run"] == 16  # mode wmrl: trainer, sandbox, world model, calibration, RBAC
+    assert result["steady"]["runs"] == result["steady"]["completed"] == 2
+    for block in (result["create_to_children_s"], result["steady"]["create_to_children_s"]):
+        assert 0 < block["p50"] <= block["p95"] <= block["max"]
+    assert result["total_s"] >= result["create_to_children_s"]["max"] > 0
+    assert result["operator_peak_rss_mb"] >= result["operator_idle_rss_mb"] > 0
+    assert set(result["goals_met"]) == set(result["goals"])
