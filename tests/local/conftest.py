@@ -14,7 +14,7 @@ TINY = {
     "metadata": {"name": "tiny"},
     "spec": {
         "mode": "wmrl",
-        "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 4, "maskTruncatedCompletions": True}},
+        "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 8}},
         "worldModel": {"backend": "learned"},
         "tasks": {"builtin": "mini-ml", "heldOut": ["iris"]},
         "algorithm": {"groupSize": 2, "groupsPerStep": 2, "steps": 2, "learningRate": 0.002, "klBeta": 0.0,

@@ -58,7 +58,7 @@ ARMS: dict[str, dict[str, Any]] = {
 
 BASE_SPEC: dict[str, Any] = {
     "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers",
-               "sampling": {"temperature": 1.0, "maxNewTokens": 4, "maskTruncatedCompletions": True}},
+               "sampling": {"temperature": 1.0, "maxNewTokens": 8}},
     "worldModel": {"backend": "learned"},
     "tasks": {"builtin": "mini-ml", "heldOut": ["iris", "wine", "diabetes", "friedman3"]},
     "algorithm": {
