@@ -1,6 +1,6 @@
 """The bundled mini-ml suite (real training, real grading) and loading tasks from every source.
 
-The full suite is built once into the default cache (``$WMRL_CACHE_DIR`` or
+The full suite is built once into the default cache (``$WMRL_CACHE`` or
 ``~/.cache/wmrl/tasks``); cache behaviour is tested on a two-task suite in a temp dir.
 """
 

@@ -51,8 +51,8 @@ BUILTINS = ("tiny-coder",)
 
 
 def default_cache_dir() -> Path:
-    """``$WMRL_CACHE_DIR/policies`` or ``~/.cache/wmrl/policies``."""
-    root = os.environ.get("WMRL_CACHE_DIR")
+    """``$WMRL_CACHE/policies`` or ``~/.cache/wmrl/policies``."""
+    root = os.environ.get("WMRL_CACHE")
     return Path(root) / "policies" if root else Path.home() / ".cache" / "wmrl" / "policies"
 
 

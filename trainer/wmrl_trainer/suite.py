@@ -34,8 +34,8 @@ BUGS = ("undefined-name", "no-submission", "wrong-kind", "bad-import", "id-as-fe
 
 
 def default_cache_dir() -> Path:
-    """``$WMRL_CACHE_DIR/tasks`` or ``~/.cache/wmrl/tasks``."""
-    root = os.environ.get("WMRL_CACHE_DIR")
+    """``$WMRL_CACHE/tasks`` or ``~/.cache/wmrl/tasks``."""
+    root = os.environ.get("WMRL_CACHE")
     return Path(root) / "tasks" if root else Path.home() / ".cache" / "wmrl" / "tasks"
 
 
