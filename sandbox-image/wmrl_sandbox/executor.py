@@ -337,6 +337,7 @@ def kill_everything(pgid: int, uid: Optional[int], marker: str, deadline_s: floa
         pass
     seen: set[int] = set()
     end = time.monotonic() + deadline_s
+    clean_scans = 0
     while True:
         if uid is not None:
             left = _processes_of_uid(uid)
@@ -351,7 +352,10 @@ def kill_everything(pgid: int, uid: Optional[int], marker: str, deadline_s: floa
                     pass
         _reap_orphans()
         seen.update(left)
-        if not left:
+        # One empty scan is not enough: a process caught mid-fork can leave a child that is not in
+        # /proc yet (seen under load: a daemonized grandchild outlived its execution).
+        clean_scans = clean_scans + 1 if not left else 0
+        if clean_scans >= 3:
             return seen
         if time.monotonic() > end:
             raise RuntimeError(f"could not kill the execution's processes: {sorted(left)[:10]}")
@@ -394,9 +398,24 @@ def _tasks_of_uid(uid: int) -> int:
     return total
 
 
+def _masked(path: str) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in WORLD_WRITABLE_DIRS)
+
+
+def interpreter_root(python: str) -> str:
+    """The directory an interpreter needs besides the system (``<venv>`` for ``<venv>/bin/python``)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(python)))
+
+
 def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits: Limits,
-                  memory_mb: int, run_timeout: float):
-    """The function run in the forked child before exec (root work first, then dropping to ``uid``)."""
+                  memory_mb: int, run_timeout: float, python: str = sys.executable):
+    """The function run in the forked child before exec (root work first, then dropping to ``uid``).
+
+    The private tmpfs over /tmp and friends would also hide the execution's directory and the
+    interpreter's environment when they live there (a checkout under /tmp: every execution failed
+    with "No such file or directory"), so those two are bound back at their own paths.
+    """
+    visible = [exec_dir] + [root for root in (interpreter_root(python),) if _masked(root) and root != exec_dir]
     cpu_seconds = int(math.ceil(run_timeout)) + 1
     address_space = memory_mb << 20
     # RLIMIT_NPROC counts every thread of the real uid: the execution's own uid in root mode;
@@ -411,15 +430,14 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
                 _unshare(flags)
             if isolation.mount_namespace:
                 _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
-                keep = os.open(exec_dir, os.O_PATH | os.O_DIRECTORY)
+                kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in visible if _masked(path)]
                 for d in WORLD_WRITABLE_DIRS:
                     if os.path.isdir(d):
                         _mount("tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={limits.tmpfs_mb}m,mode=1777")
-                if any(exec_dir == d or exec_dir.startswith(d + "/") for d in WORLD_WRITABLE_DIRS):
-                    # The execution's own directory was under a masked one: bind it back at its path.
-                    os.makedirs(exec_dir, exist_ok=True)
-                    _mount(f"/proc/self/fd/{keep}", exec_dir, None, _MS_BIND, None)
-                os.close(keep)
+                for path, fd in kept:  # under a masked directory: bind it back at its own path
+                    os.makedirs(path, exist_ok=True)
+                    _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND, None)
+                    os.close(fd)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb << 20, limits.file_size_mb << 20))
@@ -588,7 +606,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
             [python, "-I", "-B", str(exec_dir / SCRIPT_NAME)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
-            preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout),
+            preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python),
         )
         _active_mains.add(proc.pid)
         stdin = request.stdin.encode() if request.stdin else b""
