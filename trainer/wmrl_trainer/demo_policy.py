@@ -15,8 +15,8 @@ laptop in minutes.
   with the ``<bos>`` the warm start saw.
 * **Model**: a 2-layer Qwen2-architecture causal LM (hidden 64) built from a config.
 * **Warm start**: a short supervised stage on random solution scripts
-  (:func:`wmrl_trainer.solutions.sample_script`: good and bad choices mixed, independent of
-  the task), so the starting policy writes code that mostly compiles but lands on every
+  (:func:`wmrl_trainer.solutions.sample_script`: good and bad choices mixed, the estimator
+  leaning only weakly towards the task's kind) for made-up tasks' prompts, so the starting policy writes code that mostly compiles but lands on every
   rung of the reward ladder; RL has to learn which estimator suits which task.
   The result is cached under ``<cache_dir>/tiny-coder-<content hash>/``: the hash covers
   the chunk library, the vocabulary, the model config, the SFT recipe and the library
@@ -124,9 +124,8 @@ def synthetic_task(rng: random.Random) -> Any:
     It goes through :func:`wmrl_trainer.prompts.task_prompt` and the mini-ml description, so
     the keywords the model sees come in the same order and number as for real tasks (an
     earlier, shorter template left the policy fragile on real prompts: the first RL update
-    broke it). The warm start pairs such prompts with task-independent scripts, so the
-    starting policy has seen prompts like the real ones and leans only weakly towards the
-    right kind of estimator (:data:`wmrl_trainer.solutions.KIND_MATCH`): RL has to learn the
+    broke it). The warm start pairs such prompts with random scripts that lean only weakly
+    towards the task's kind of estimator (:data:`wmrl_trainer.solutions.KIND_MATCH`): RL has to learn the
     rest. No real task (held out or not) is used.
     """
     from wmrl.tasks import Task

@@ -22,8 +22,8 @@ back), in the real-execution arm as much as in WMRL's. A solve chunk is a comple
 a repeated or truncated completion still writes a submission, and what RL credits or blames
 is the choice of estimator itself.
 
-:func:`sample_script` draws random mixtures of good and bad choices, independent of the
-task: the supervised warm start on such scripts gives a *mediocre* starting policy with
+:func:`sample_script` draws random mixtures of good and bad choices, the estimator only
+weakly tied to the task's kind: the supervised warm start on such scripts gives a *mediocre* starting policy with
 variance, and RL has to learn which choices suit which kind of task.
 """
 
