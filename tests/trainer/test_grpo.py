@@ -91,17 +91,9 @@ def test_every_mode_runs_trl_steps_with_a_tiny_model(tmp_path, mode):
     assert (tmp_path / "ckpt" / "step-00000002" / "COMPLETE").is_file()  # the final step is always saved
 
 
-def test_ungraded_rows_never_reach_the_loss(tmp_path):
-    """A world model that grades nothing in half the rows: those rows' mask is zero in what TRL trains on."""
+def train_capturing_batches(trainer) -> list:
+    """Train (then close) ``trainer``; returns (what TRL trains on, our scored batch) per generation batch."""
     seen = []
-
-    class Spy(ScriptedWorldModel):
-        def grade(self, items):
-            out = super().grade(items)
-            return [None if i % 2 else o for i, o in enumerate(out)]
-
-    trainer = build_trainer(run_config(tmp_path, "worldModel", steps=1), policy=tiny_policy(), tasks=make_tasks(2),
-                            world_model=Spy(), dispatcher=None)
     original = type(trainer.grpo)._generate_and_score_completions
 
     def capture(self, inputs):
@@ -114,7 +106,20 @@ def test_ungraded_rows_never_reach_the_loss(tmp_path):
         trainer.train()
     finally:
         trainer.close()
-    out, scored_batch = seen[0]
+    return seen
+
+
+def test_ungraded_rows_never_reach_the_loss(tmp_path):
+    """A world model that grades nothing in half the rows: those rows' mask is zero in what TRL trains on."""
+
+    class Spy(ScriptedWorldModel):
+        def grade(self, items):
+            out = super().grade(items)
+            return [None if i % 2 else o for i, o in enumerate(out)]
+
+    trainer = build_trainer(run_config(tmp_path, "worldModel", steps=1), policy=tiny_policy(), tasks=make_tasks(2),
+                            world_model=Spy(), dispatcher=None)
+    out, scored_batch = train_capturing_batches(trainer)[0]
     ungraded = np.isnan(scored_batch.rewards.reshape(-1))
     assert ungraded.sum() == 4
     mask = out["completion_mask"].sum(dim=1)
@@ -124,24 +129,11 @@ def test_ungraded_rows_never_reach_the_loss(tmp_path):
 
 
 def test_mask_truncated_completions_leaves_scripts_without_eos_out_of_the_loss(tmp_path):
-    seen = []
     config = run_config(tmp_path, "worldModel", steps=1, sampling={"maxNewTokens": 3, "maskTruncatedCompletions": True})
     trainer = build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=ScriptedWorldModel(),
                             dispatcher=None)
     assert trainer.grpo.args.mask_truncated_completions is True
-    original = type(trainer.grpo)._generate_and_score_completions
-
-    def capture(self, inputs):
-        out = original(self, inputs)
-        seen.append(out)
-        return out
-
-    trainer.grpo._generate_and_score_completions = capture.__get__(trainer.grpo)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    out = seen[0]
+    out, _ = train_capturing_batches(trainer)[0]
     eos = trainer.grpo.processing_class.eos_token_id
     ended = (out["completion_ids"] == eos).any(dim=1)
     assert (~ended).any()  # a random tiny model rarely stops within 3 tokens
