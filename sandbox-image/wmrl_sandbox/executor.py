@@ -415,7 +415,7 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     interpreter's environment when they live there (a checkout under /tmp: every execution failed
     with "No such file or directory"), so those two are bound back at their own paths.
     """
-    visible = [exec_dir] + [root for root in (interpreter_root(python),) if _masked(root) and root != exec_dir]
+    hidden = [path for path in dict.fromkeys((exec_dir, interpreter_root(python))) if _masked(path)]
     cpu_seconds = int(math.ceil(run_timeout)) + 1
     address_space = memory_mb << 20
     # RLIMIT_NPROC counts every thread of the real uid: the execution's own uid in root mode;
@@ -430,7 +430,7 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
                 _unshare(flags)
             if isolation.mount_namespace:
                 _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
-                kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in visible if _masked(path)]
+                kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in hidden]
                 for d in WORLD_WRITABLE_DIRS:
                     if os.path.isdir(d):
                         _mount("tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={limits.tmpfs_mb}m,mode=1777")

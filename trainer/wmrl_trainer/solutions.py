@@ -23,8 +23,8 @@ a repeated or truncated completion still writes a submission, and what RL credit
 is the choice of estimator itself.
 
 :func:`sample_script` draws random mixtures of good and bad choices, the estimator only
-weakly tied to the task's kind: the supervised warm start on such scripts gives a *mediocre* starting policy with
-variance, and RL has to learn which choices suit which kind of task.
+weakly tied to the task's kind: the supervised warm start on such scripts gives a *mediocre*
+starting policy with variance, and RL has to learn which choices suit which kind of task.
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ class Chunk:
 
 _FIT = "model.fit(X, y)\n"
 _PREDICT = "pred = model.predict(X_test)\n"
+_FIT_AND_WRITE = _FIT + _PREDICT + _SAVE.format(header="id,target")
 
 
 def _model(name: str, module: str, cls: str, args: str, fits: str) -> Chunk:
     """A solve chunk: build ``cls(args)``, fit it, write its test predictions."""
-    return Chunk(name, "solve", f"from sklearn.{module} import {cls}\nmodel = {cls}({args})\n"
-                 + _FIT + _PREDICT + _SAVE.format(header="id,target"), fits)
+    return Chunk(name, "solve", f"from sklearn.{module} import {cls}\nmodel = {cls}({args})\n" + _FIT_AND_WRITE, fits)
 
 
 CHUNKS: tuple[Chunk, ...] = (
@@ -115,7 +115,7 @@ CHUNKS: tuple[Chunk, ...] = (
     # solve: mistakes in building, fitting or writing (the estimator itself would be fine)
     Chunk("model_syntax_error", "solve",
           "from sklearn.ensemble import RandomForestClassifier\n"
-          "model = RandomForestClassifier(n_estimators=100\n" + _FIT + _PREDICT + _SAVE.format(header="id,target"), "bad"),
+          "model = RandomForestClassifier(n_estimators=100\n" + _FIT_AND_WRITE, "bad"),
     Chunk("fit_wrong_api", "solve",
           "from sklearn.linear_model import Ridge\nmodel = Ridge(alpha=1.0)\n"
           "model.train(X, y)\n" + _PREDICT + _SAVE.format(header="id,target"), "bad"),
