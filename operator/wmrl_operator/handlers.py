@@ -64,13 +64,6 @@ async def _run(trigger: str, coro) -> None:
         RECONCILE_SECONDS.labels(trigger).observe(time.perf_counter() - start)
 
 
-def _post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    try:
-        kopf.event(body, type=type_, reason=reason, message=message[:1024])
-    except Exception:  # events are best-effort; never fail a reconcile on them
-        log.debug("event not posted", exc_info=True)
-
-
 async def _fetch_calibration(url: str, timeout: float) -> Optional[dict[str, Any]]:
     """GET /v1/calibration; None when unreachable (e.g. the operator runs outside the cluster)."""
     try:
@@ -98,7 +91,7 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
     async def startup(**_: Any) -> None:
         kube = Kube()
         timeout = config.settings.calibration_timeout
-        reconciler = Reconciler(kube, config.settings, events=_post_event,
+        reconciler = Reconciler(kube, config.settings,
                                 fetch_calibration=lambda url: _fetch_calibration(url, timeout))
         state["kube"], state["reconciler"] = kube, reconciler
         state["loop"] = asyncio.create_task(_resync_loop(reconciler, known, config))

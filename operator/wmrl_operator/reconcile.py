@@ -23,12 +23,13 @@ from wmrl.api.runconfig import CALIBRATION_PORT
 from wmrl.api.schema import API_VERSION, KIND, Phase, WMRLRunSpec, field_errors, parse_spec
 from wmrl_operator import builders, status as st
 from wmrl_operator.autoscaler import Recommendations, demand_of
+from wmrl_operator.events import EventRecorder
 from wmrl_operator.kube import ApiError, Kube
 
 log = logging.getLogger("wmrl.operator")
 
-EventSink = Callable[[dict[str, Any], str, str, str], None]
-"""(run body, type Normal|Warning, reason, message) -> posts a Kubernetes Event."""
+EventSink = Callable[[dict[str, Any], str, str, str], Awaitable[None]]
+"""(run body, type Normal|Warning, reason, message) -> posts a Kubernetes Event (never raises)."""
 
 CalibrationFetch = Callable[[str], Awaitable[Optional[dict[str, Any]]]]
 
@@ -42,16 +43,12 @@ class Settings:
     max_concurrent: int = 8
 
 
-def _no_events(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    return None
-
-
 class Reconciler:
-    def __init__(self, kube: Kube, settings: Settings = Settings(), events: EventSink = _no_events,
+    def __init__(self, kube: Kube, settings: Settings = Settings(), events: Optional[EventSink] = None,
                  fetch_calibration: Optional[CalibrationFetch] = None):
         self.kube = kube
         self.settings = settings
-        self.events = events
+        self.events = events or EventRecorder(kube)
         self.fetch_calibration = fetch_calibration
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.recommendations = Recommendations()
@@ -281,7 +278,7 @@ class Reconciler:
             new["lastScaleTime"] = st.now_iso()
             log.info("sandbox scaled", extra={"run": run.name, "namespace": run.namespace, "from": current,
                                                "to": desired, "demand": demand_of(status)})
-            self.events(body, "Normal", "SandboxScaled", f"sandbox pool scaled from {current} to {desired} "
+            await self.events(body, "Normal", "SandboxScaled", f"sandbox pool scaled from {current} to {desired} "
                                                          f"(demand {demand_of(status)})")
         new = {k: v for k, v in new.items() if v is not None}
         if old != new:
@@ -320,7 +317,7 @@ class Reconciler:
             log.info("phase %s -> %s (%s)", old_phase, patch.get("phase"), reason,
                      extra={"run": meta["name"], "namespace": meta["namespace"], "phase": patch.get("phase"),
                             "reason": reason, "detail": message})
-            self.events(body, event_type, reason, message)
+            await self.events(body, event_type, reason, message)
         return new_status
 
     async def _delete_run(self, body: dict[str, Any]) -> None:

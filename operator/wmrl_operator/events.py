@@ -1,0 +1,60 @@
+"""Kubernetes Events about a WMRLRun, written by the operator's own client.
+
+kopf's ``kopf.event`` only works inside kopf's per-object handler tasks; called from the resync
+loop (deadlines, TTL, autoscaling, missed watch events) it has no queue and the Event is lost.
+So every transition posts its Event here, whichever path noticed it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from typing import Any
+
+from wmrl_operator.kube import Kube
+
+log = logging.getLogger("wmrl.operator")
+
+COMPONENT = "wmrl-operator"
+MESSAGE_LIMIT = 1024  # the apiserver rejects longer event messages
+
+
+def event_for(body: dict[str, Any], type_: str, reason: str, message: str, now: dt.datetime,
+              instance: str = "") -> dict[str, Any]:
+    """A core/v1 Event about the object ``body`` (as ``kubectl describe`` shows them)."""
+    meta = body["metadata"]
+    stamp = now.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta.get("uid"),
+                           "resourceVersion": meta.get("resourceVersion")},
+        "type": type_,
+        "reason": reason,
+        "message": message[:MESSAGE_LIMIT],
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+class EventRecorder:
+    """Posts Events through the operator's client; best-effort, a failure is logged, never raised."""
+
+    def __init__(self, kube: Kube, instance: str = os.environ.get("HOSTNAME", "")):
+        self.kube = kube
+        self.instance = instance
+
+    async def __call__(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        event = event_for(body, type_, reason, message, dt.datetime.now(dt.timezone.utc), self.instance)
+        try:
+            await self.kube.create(event)
+        except Exception as exc:  # noqa: BLE001 - an Event must never fail a reconcile
+            log.warning("event %s not posted: %s", reason, exc,
+                        extra={"run": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]})
