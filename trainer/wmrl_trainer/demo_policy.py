@@ -13,6 +13,12 @@ laptop in minutes.
   it needs to condition on, and the same words for held-out tasks as for training tasks.
   No chat template on purpose: the trainer then passes prompts as plain text, tokenized
   with the ``<bos>`` the warm start saw.
+* **A solve chunk ends the script**: every solve chunk's id is a stop token of the model's
+  generation config (:func:`stop_token_ids`; TRL reads the list and stops, masks and
+  detects truncation with it). Without this the policy could chain estimator chunks
+  without end: in RL such chains drifted in (EOS decayed step by step) and a learned
+  world model rated them higher than their real reward. Now a script is
+  ``load [preprocess] solve`` or it is cut off; what RL chooses is which chunk fills each slot.
 * **Model**: a 2-layer Qwen2-architecture causal LM (hidden 64) built from a config.
 * **Warm start**: a short supervised stage on random solution scripts
   (:func:`wmrl_trainer.solutions.sample_script`: good and bad choices mixed, the estimator
@@ -36,7 +42,7 @@ from typing import Any
 
 from wmrl_trainer import solutions
 
-RECIPE_VERSION = "2"
+RECIPE_VERSION = "3"
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
 PROMPT_WORDS: tuple[str, ...] = (
     "classification", "regression", "class", "binary",
@@ -91,6 +97,11 @@ def chunk_ids(tokenizer: Any, chunks: list[solutions.Chunk]) -> list[int]:
     return [tokenizer.convert_tokens_to_ids(c.code) for c in chunks]
 
 
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """Generation stops at EOS or after any solve chunk (a solve chunk fits and writes: the script is done)."""
+    return [tokenizer.eos_token_id] + chunk_ids(tokenizer, solutions.slot_chunks("solve"))
+
+
 # ---------------------------------------------------------------- model
 
 def build_model(tokenizer: Any, seed: int = 0) -> Any:
@@ -107,7 +118,7 @@ def build_model(tokenizer: Any, seed: int = 0) -> Any:
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = stop_token_ids(tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
 
@@ -143,7 +154,10 @@ def synthetic_task(rng: random.Random) -> Any:
 
 
 def sft_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids) pairs: made-up tasks' prompts, random mixed-quality scripts + EOS."""
+    """(prompt ids, completion ids) pairs: made-up tasks' prompts, random mixed-quality scripts.
+
+    No EOS: every script ends in a solve chunk, which is a stop token itself.
+    """
     from wmrl_trainer.prompts import task_prompt
 
     rng = random.Random(seed)
@@ -151,7 +165,7 @@ def sft_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], lis
     for _ in range(n):
         task = synthetic_task(rng)
         prompt = tokenizer(task_prompt(task))["input_ids"]
-        out.append((prompt, chunk_ids(tokenizer, solutions.sample_script(rng, task.kind)) + [tokenizer.eos_token_id]))
+        out.append((prompt, chunk_ids(tokenizer, solutions.sample_script(rng, task.kind))))
     return out
 
 

@@ -18,9 +18,9 @@ Why fitting and writing live inside each estimator's chunk: with separate ``fit`
 ``write`` tokens shared by every script, GRPO blames them for every failed script too, and
 the tiny policy drifted into a degenerate mode (estimator chunks repeated to the token
 limit, never fitting or writing: every group constant at 0.2, advantages zero, no way
-back), in the real-execution arm as much as in WMRL's. A solve chunk is a complete ending:
-a repeated or truncated completion still writes a submission, and what RL credits or blames
-is the choice of estimator itself.
+back), in the real-execution arm as much as in WMRL's. A solve chunk is a complete ending
+(the demo policy stops generating after it), so what RL credits or blames is the choice of
+estimator itself.
 
 :func:`sample_script` draws random mixtures of good and bad choices, the estimator only
 weakly tied to the task's kind: the supervised warm start on such scripts gives a *mediocre*
