@@ -233,6 +233,20 @@ class SandboxServer:
         return ExecutionRequest(code=req.code, run_timeout=req.run_timeout, memory_limit_mb=req.memory_limit_MB,
                                 stdin=req.stdin, files=decode_files(req.files), fetch_files=list(req.fetch_files))
 
+    def self_check(self) -> None:
+        """Run one trivial program before serving; raise RuntimeError with the reason if it fails.
+
+        A sandbox that cannot run anything (an interpreter hidden by the isolation, a broken
+        work root) would otherwise answer every request with an error, and a trainer would
+        retry its executions for ever instead of being told why.
+        """
+        marker = "wmrl-sandbox-self-check-ok"
+        result = self._execute(ExecutionRequest(code=f"print({marker!r})", run_timeout=30.0), self._free_uids[0])
+        if result.status != "Finished" or result.return_code != 0 or marker not in result.stdout:
+            detail = (result.stderr or result.stdout).strip()[-2000:]
+            raise RuntimeError(f"self-check failed: running print() with {self.python} gave status {result.status}, "
+                               f"exit code {result.return_code}" + (f":\n{detail}" if detail else ""))
+
     def _execute(self, job: ExecutionRequest, uid: Optional[int]) -> ExecutionResult:
         return executor.execute(job, work_root=self.work_root, uid=uid, isolation=self.isolation,
                                 limits=self.limits, python=self.python)
@@ -281,6 +295,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits,
                                max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base)
+        server.self_check()
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"wmrl sandbox serve: {exc}", file=sys.stderr)
         return 2

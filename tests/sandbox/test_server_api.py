@@ -93,3 +93,27 @@ def test_pod_environment_sets_defaults():
         assert srv.healthz()["slots"] == 2
         res = run(srv, "while True: pass", run_timeout=30)  # capped at 0.5 s by the server
         assert res["run_result"]["status"] == "TimeLimitExceeded"
+
+
+def test_a_sandbox_that_cannot_run_code_refuses_to_start_and_says_why():
+    """The startup self-check: a broken interpreter fails the server at once (exit 2), not every request."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp(prefix="wmrl-sandbox-"))  # searchable by the slot uids, as LocalServer makes it
+    try:
+        root.chmod(0o711)
+        broken = root / "python"
+        broken.write_text("#!/bin/sh\necho 'no interpreter here' >&2\nexit 3\n")
+        broken.chmod(0o755)
+        proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "sandbox", "serve", "--port", "0",
+                               "--work-root", str(root), "--python", str(broken)],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert proc.returncode == 2
+    assert "self-check failed" in proc.stderr and "exit code 3" in proc.stderr and "no interpreter here" in proc.stderr
+    assert "listening" not in proc.stdout
