@@ -89,7 +89,7 @@ def main() -> int:
         spec = WMRLRunSpec.model_validate({
             "mode": "wmrl",
             "policy": {"model": str(model_dir), "rolloutEngine": "vllm", "vllmMode": "colocate",
-                       "sampling": {"maxNewTokens": 64}},
+                       "vllmGpuMemoryUtilization": 0.2, "sampling": {"maxNewTokens": 64}},
             "worldModel": {"backend": "llm", "endpoint": f"http://127.0.0.1:{port}/v1", "model": "world-model",
                            "timeoutSeconds": 60, "sampling": {"maxTokens": 256}},
             "tasks": {"builtin": "mini-ml"},

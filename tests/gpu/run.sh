@@ -16,8 +16,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
 # TRL's colocated vLLM runs as a one-process torch.distributed group.
 export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-29533}
-# The policy's colocated engine and the world-model server share the GPU.
-export WMRL_VLLM_GPU_MEMORY=${WMRL_VLLM_GPU_MEMORY:-0.2}
+# The policy's colocated engine (spec.policy.vllmGpuMemoryUtilization 0.2) and the world-model server share the GPU.
 
 "$PYTHON" -c "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__, 'vllm', vllm.__version__, torch.cuda.get_device_name(0))"
 exec timeout --signal=TERM --kill-after=20 570 "$PYTHON" tests/gpu/gpu_smoke.py "$@"

@@ -141,6 +141,27 @@ def test_mask_truncated_completions_leaves_scripts_without_eos_out_of_the_loss(t
     assert (out["completion_mask"].sum(dim=1)[ended] > 0).all()
 
 
+def test_spec_settings_reach_the_step_and_trls_vllm_config(tmp_path):
+    """anchors.waitSeconds and the vLLM knobs are spec fields (no environment variables)."""
+    from wmrl.api.schema import PolicySpec
+    from wmrl_trainer.train import vllm_options
+
+    config = run_config(tmp_path, "wmrl", steps=1, anchors={"fraction": 0.5, "waitSeconds": 0.25})
+    trainer = build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=ScriptedWorldModel(),
+                            dispatcher=ScriptedExecutor())
+    try:
+        assert trainer.step.anchor_wait == 0.25
+    finally:
+        trainer.close()
+    assert run_config(tmp_path).spec.algorithm.anchors.wait_seconds is None  # default: wait for every anchor
+    # What GRPOConfig gets on a GPU node (GRPOConfig itself refuses CUDA settings on this CPU machine).
+    colocate = PolicySpec.model_validate({"model": "m", "vllmGpuMemoryUtilization": 0.45})
+    assert vllm_options(colocate) == {"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.45}
+    server = PolicySpec.model_validate({"model": "m", "vllmMode": "server", "vllmServerUrl": "http://vllm:8000"})
+    assert vllm_options(server) == {"vllm_mode": "server", "vllm_server_base_url": "http://vllm:8000"}
+    assert vllm_options(PolicySpec.model_validate({"model": "m", "vllmMode": "server"})) == {"vllm_mode": "server"}
+
+
 def test_evaluate_returns_the_mean_real_reward_and_leaves_training_rng_alone(tmp_path):
     executor = ScriptedExecutor()
     trainer = build_trainer(run_config(tmp_path, "real", steps=1), policy=tiny_policy(), tasks=make_tasks(2),

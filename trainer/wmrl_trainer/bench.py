@@ -11,7 +11,7 @@ Phases are what the trainer waited for (they add up to the step): generation, wo
 model, execution (blocked on sandboxes after the world model finished), calibration,
 update (TRL's log-prob passes, loss, backward, optimizer). The figure of merit is
 ``executionWaitFraction`` in mode ``wmrl``: the share of step time spent waiting on
-sandboxes (goal < 10%). ``wmrlAsync`` is mode ``wmrl`` with ``anchor_wait=0`` (late anchor
+sandboxes (goal < 10%). ``wmrlAsync`` is mode ``wmrl`` with ``anchors.waitSeconds: 0`` (late anchor
 groups train on world-model rewards; their pairs still reach the calibration).
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 
 PHASES = ("generation", "world_model", "execution", "calibration", "update", "total")
 MODES = ("real", "worldModel", "wmrl", "wmrlAsync")
-ASYNC = "wmrlAsync"  # mode wmrl with anchor_wait=0: anchors off the critical path (see wmrl_trainer.loop)
+ASYNC = "wmrlAsync"  # mode wmrl with anchors.waitSeconds 0: anchors off the critical path (see wmrl_trainer.loop)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +58,8 @@ def run_config(args: argparse.Namespace, mode: str, sandbox_url: str, workdir: P
         "worldModel": {"backend": args.world_model},
         "tasks": {"builtin": "mini-ml"},
         "algorithm": {"groupSize": args.group_size, "groupsPerStep": args.groups, "steps": args.steps,
-                      "learningRate": 1e-4, "seed": 0, "anchors": {"fraction": args.anchor_fraction}},
+                      "learningRate": 1e-4, "seed": 0,
+                      "anchors": {"fraction": args.anchor_fraction, "waitSeconds": 0.0 if mode == ASYNC else None}},
         "sandbox": {"timeoutSeconds": 60},
         "trainer": {"checkpoint": {"intervalSteps": 10**6}},
     })
@@ -110,8 +111,7 @@ def main(args: argparse.Namespace) -> int:
         for mode in modes:
             records: list[Any] = []
             started = time.perf_counter()
-            trainer = build_trainer(run_config(args, mode, server.url, Path(tmp)), callbacks=[records.append],
-                                    anchor_wait=0.0 if mode == ASYNC else None)
+            trainer = build_trainer(run_config(args, mode, server.url, Path(tmp)), callbacks=[records.append])
             try:
                 trainer.train()
             finally:

@@ -102,19 +102,23 @@ def make_prompt(task: Task, tokenizer: Any) -> Any:
     return [{"role": "user", "content": text}] if getattr(tokenizer, "chat_template", None) else text
 
 
+def vllm_options(policy: Any) -> dict[str, Any]:
+    """GRPOConfig's vLLM settings from ``spec.policy`` (used on GPU nodes with rolloutEngine vllm)."""
+    options: dict[str, Any] = {"vllm_mode": policy.vllm_mode}
+    if policy.vllm_mode == "server" and policy.vllm_server_url:
+        options["vllm_server_base_url"] = policy.vllm_server_url
+    if policy.vllm_mode == "colocate":
+        options["vllm_gpu_memory_utilization"] = policy.vllm_gpu_memory_utilization
+    return options
+
+
 def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool) -> Any:
     """The GRPOConfig of a run: one optimizer step per generation batch of ``groupSize x groupsPerStep`` rows."""
     from trl import GRPOConfig
 
     spec, alg = config.spec, config.spec.algorithm
     use_vllm = use_cuda and spec.policy.rollout_engine == "vllm"
-    extra: dict[str, Any] = {}
-    if use_vllm:
-        extra.update(vllm_mode=spec.policy.vllm_mode)
-        if spec.policy.vllm_mode == "server" and os.environ.get("WMRL_VLLM_SERVER_URL"):
-            extra["vllm_server_base_url"] = os.environ["WMRL_VLLM_SERVER_URL"]
-        if spec.policy.vllm_mode == "colocate":
-            extra["vllm_gpu_memory_utilization"] = float(os.environ.get("WMRL_VLLM_GPU_MEMORY", "0.3"))
+    extra = vllm_options(spec.policy) if use_vllm else {}
     return GRPOConfig(
         output_dir=output_dir,
         num_generations=alg.group_size,
@@ -397,17 +401,12 @@ def _ensure_loadable(model: Any, tokenizer: Any, directory: Path) -> None:
 
 def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequence[Task]] = None,
                   world_model: Any = None, dispatcher: Any = None, calibration: Any = None,
-                  callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None,
-                  anchor_wait: Optional[float] = None) -> WMRLTrainer:
+                  callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None) -> WMRLTrainer:
     """A ready :class:`WMRLTrainer`; anything not given is built from ``config`` (see the module docstring).
 
     ``policy`` is ``(model, tokenizer)``; ``tasks`` are the training tasks (held-out tasks are
-    then ``held_out``, default none). ``anchor_wait`` (default: ``$WMRL_ANCHOR_WAIT_SECONDS``,
-    else wait for every anchor) takes sandbox execution off the critical path (see
-    :mod:`wmrl_trainer.loop`). What this function builds itself it also closes.
+    then ``held_out``, default none). What this function builds itself it also closes.
     """
-    if anchor_wait is None and os.environ.get("WMRL_ANCHOR_WAIT_SECONDS"):
-        anchor_wait = float(os.environ["WMRL_ANCHOR_WAIT_SECONDS"])
     import torch
     from datasets import Dataset
 
@@ -441,7 +440,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / "initial-policy")
 
     step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
-                    selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60, anchor_wait=anchor_wait)
+                    selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60, anchor_wait=spec.algorithm.anchors.wait_seconds)
     by_name = {t.name: t for t in tasks}
     prompts = {t.name: make_prompt(t, tokenizer) for t in tasks}
     names = step_rows(tasks, alg.groups_per_step, alg.steps, alg.seed)

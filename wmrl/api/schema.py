@@ -80,6 +80,11 @@ class PolicySpec(_Model):
     model: str = Field(..., min_length=1, description="Hugging Face model id, local path, or 'builtin:tiny-coder' (CPU demo).")
     rollout_engine: Literal["vllm", "transformers"] = Field("vllm", description="vLLM on GPUs; transformers on CPU.")
     vllm_mode: Literal["colocate", "server"] = Field("colocate", description="TRL's vLLM mode: share the training GPUs, or a separate server.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="vllmMode colocate: share of each training GPU's memory for the vLLM engine.")
+    vllm_server_url: Optional[str] = Field(
+        None, min_length=1, description="vllmMode server: base URL of a `trl vllm-serve` server (empty: TRL's default, "
+        "http://localhost:8000, e.g. a sidecar).")
     sampling: RolloutSampling = Field(default_factory=RolloutSampling)
 
 
@@ -130,6 +135,10 @@ class AnchorsSpec(_Model):
     fraction: float = Field(0.25, ge=0, le=1, description="Fraction of groups per step (paper 4B/9B: 2 of 8).")
     min_per_step: int = Field(1, ge=0, description="Floor of anchor groups per step.")
     max_concurrent: int = Field(16, ge=1, description="Cap on concurrent real executions.")
+    wait_seconds: Optional[float] = Field(
+        None, ge=0, description="How long a step waits for its anchor executions once the world model is done; "
+        "anchor groups still running are graded by the calibrated world model this step and feed calibration when "
+        "they finish. Empty: wait for every anchor (up to spec.sandbox.timeoutSeconds), as in the paper.")
 
 
 class DebiasingSpec(_Model):
