@@ -57,6 +57,18 @@ def test_bad_manifest_is_a_usage_error_naming_the_field(tmp_path, wmrl_env):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_sandbox_that_cannot_start_fails_the_run_with_its_reason(tmp_path, wmrl_env):
+    """Exit 1 with the sandbox's own message, at once, and nothing left running (not retries for ever)."""
+    manifest = write_manifest(tmp_path)
+    env = dict(wmrl_env, WMRL_SANDBOX_TIMEOUT_SECONDS="soon")  # the sandbox server rejects it at start
+    proc = subprocess.run(_wmrl("run", str(manifest), "--results", str(tmp_path / "out"), "--sandboxes", "1"),
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "wmrl run: sandbox-0 exited with" in proc.stderr and "WMRL_SANDBOX_TIMEOUT_SECONDS='soon'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not [p for p in _service_pids(tmp_path / "out") if alive(p)]
+
+
 def test_ctrl_c_checkpoints_and_a_second_run_resumes_at_that_step(tmp_path, wmrl_env):
     manifest = write_manifest(tmp_path, steps=4)
     results = tmp_path / "out"

@@ -76,6 +76,10 @@ def _die_with_parent() -> None:
         pass
 
 
+class ServiceStartError(RuntimeError):
+    """A local service (sandbox server, calibration service) exited or never became healthy."""
+
+
 class Service:
     """One local server process on 127.0.0.1:<free port>, healthy once ``GET /healthz`` answers 200.
 
@@ -96,14 +100,15 @@ class Service:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise ServiceStartError(f"{self.name} exited with {self.proc.returncode} at start "
+                                        f"(log {self.log_path}):\n{self.log_tail()}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not healthy after {timeout:.0f}s:\n{self.log_tail()}")
+        raise ServiceStartError(f"{self.name} not healthy after {timeout:.0f}s (log {self.log_path}):\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -581,6 +586,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"wmrl run: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ServiceStartError as exc:
+        print(f"wmrl run: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         signal.signal(signal.SIGINT, previous)
     plot_run(results, results_dir / PLOT_FILE)
