@@ -28,9 +28,6 @@ from wmrl_operator.kube import ApiError, Kube
 
 log = logging.getLogger("wmrl.operator")
 
-EventSink = Callable[[dict[str, Any], str, str, str], Awaitable[None]]
-"""(run body, type Normal|Warning, reason, message) -> posts a Kubernetes Event (never raises)."""
-
 CalibrationFetch = Callable[[str], Awaitable[Optional[dict[str, Any]]]]
 
 
@@ -44,11 +41,11 @@ class Settings:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, settings: Settings = Settings(), events: Optional[EventSink] = None,
+    def __init__(self, kube: Kube, settings: Settings = Settings(),
                  fetch_calibration: Optional[CalibrationFetch] = None):
         self.kube = kube
         self.settings = settings
-        self.events = events or EventRecorder(kube)
+        self.events = EventRecorder(kube)
         self.fetch_calibration = fetch_calibration
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.recommendations = Recommendations()
