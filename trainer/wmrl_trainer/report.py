@@ -125,6 +125,7 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[1].set_xscale("symlog", linthresh=10)
+    axes[1].set_xlim(left=0)  # executions are never negative (symlog would show a -10 tick)
     axes[0].set_ylabel("held-out reward (real execution)")
     axes[1].legend(fontsize=8, loc="lower right")
     title = "WMRL vs real-execution GRPO: held-out reward"
