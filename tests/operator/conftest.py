@@ -67,6 +67,12 @@ class Kube:
     def status(self, name):
         return (self.get("wmrlrun", name) or {}).get("status") or {}
 
+    def events(self, name, field="reason", reason=None):
+        """``field`` of every Event about object ``name`` (only those with ``reason`` if given)."""
+        selector = f"involvedObject.name={name}" + (f",reason={reason}" if reason else "")
+        return self.run("get", "events", "-n", self.ns, "--field-selector", selector,
+                        "-o", f"jsonpath={{.items[*].{field}}}").stdout
+
     def patch_status(self, name, status):
         self.run("patch", "wmrlrun", name, "-n", self.ns, "--subresource=status", "--type=merge",
                  "-p", json.dumps({"status": status}))

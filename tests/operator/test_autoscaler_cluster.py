@@ -22,8 +22,7 @@ def test_demand_scales_up_at_once_down_after_window_within_bounds(kube, operator
     kube.patch_status("auto", {"progress": {"step": 2, "sandboxDemand": 100}})  # capped at maxReplicas
     wait_for(lambda: replicas(kube, "auto") == 4, timeout=20, what="4 replicas")
     wait_for(lambda: kube.status("auto").get("sandbox", {}).get("desiredReplicas") == 4, what="status.sandbox")
-    scaled = kube.run("get", "events", "-n", kube.ns, "--field-selector", "involvedObject.name=auto,reason=SandboxScaled",
-                      "-o", "jsonpath={.items[*].message}").stdout
+    scaled = kube.events("auto", field="message", reason="SandboxScaled")
     assert "from 1 to 3" in scaled and "to 4" in scaled, scaled
 
     kube.patch_status("auto", {"progress": {"step": 3, "sandboxDemand": 0}})

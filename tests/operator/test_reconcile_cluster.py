@@ -18,11 +18,6 @@ CHILDREN = [
 ]
 
 
-def event_reasons(kube, name):
-    return kube.run("get", "events", "-n", kube.ns, "--field-selector", f"involvedObject.name={name}",
-                    "-o", "jsonpath={.items[*].reason}").stdout.split()
-
-
 def phase(kube, name):
     return kube.status(name).get("phase")
 
@@ -61,7 +56,7 @@ def test_trainer_success_makes_run_succeeded_and_scales_pools_down(kube, operato
     assert condition(kube, "beta", "Complete")["status"] == "True"
     wait_for(lambda: kube.get("deployment", "beta-sandbox")["spec"]["replicas"] == 0, what="sandbox at 0")
     # The Event is posted just after the status write: wait for it rather than racing it.
-    wait_for(lambda: "TrainerCompleted" in event_reasons(kube, "beta"), what="TrainerCompleted event")
+    wait_for(lambda: "TrainerCompleted" in kube.events("beta").split(), what="TrainerCompleted event")
 
 
 def test_failed_trainer_restarts_up_to_max_then_run_fails(kube, operator, kwok_nodes):
@@ -106,7 +101,7 @@ def test_active_deadline_fails_the_run_and_ttl_deletes_it(kube, operator):
     wait_for(lambda: phase(kube, "epsilon") == "Failed", timeout=30, what="Failed by deadline")
     assert condition(kube, "epsilon", "Failed")["reason"] == "DeadlineExceeded"
     # Only the resync loop notices a deadline: its Events must be posted too (kopf.event cannot there).
-    wait_for(lambda: "DeadlineExceeded" in event_reasons(kube, "epsilon"), what="DeadlineExceeded event")
+    wait_for(lambda: "DeadlineExceeded" in kube.events("epsilon").split(), what="DeadlineExceeded event")
     wait_for(lambda: kube.get("wmrlrun", "epsilon") is None, timeout=30, what="run deleted after ttl")
 
 

@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from wmrl.cache import cache_root
 from wmrl_trainer import solutions
 
 RECIPE_VERSION = "3"
@@ -58,8 +59,7 @@ BUILTINS = ("tiny-coder",)
 
 def default_cache_dir() -> Path:
     """``$WMRL_CACHE/policies`` or ``~/.cache/wmrl/policies``."""
-    root = os.environ.get("WMRL_CACHE")
-    return Path(root) / "policies" if root else Path.home() / ".cache" / "wmrl" / "policies"
+    return cache_root() / "policies"
 
 
 # ---------------------------------------------------------------- tokenizer

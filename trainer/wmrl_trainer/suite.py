@@ -21,6 +21,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from wmrl.cache import cache_root
 from wmrl.grading import score
 from wmrl.tasks import METRICS_HIGHER_IS_BETTER, Task, TaskFormatError, from_files, load_suite
 from wmrl_trainer.suite_data import MINI_ML, REFERENCE_BY_FAMILY, REFERENCE_MODELS, DatasetSpec
@@ -35,8 +36,7 @@ BUGS = ("undefined-name", "no-submission", "wrong-kind", "bad-import", "id-as-fe
 
 def default_cache_dir() -> Path:
     """``$WMRL_CACHE/tasks`` or ``~/.cache/wmrl/tasks``."""
-    root = os.environ.get("WMRL_CACHE")
-    return Path(root) / "tasks" if root else Path.home() / ".cache" / "wmrl" / "tasks"
+    return cache_root() / "tasks"
 
 
 # ---------------------------------------------------------------- building
