@@ -13,13 +13,16 @@ laptop in minutes.
   it needs to condition on, and the same words for held-out tasks as for training tasks.
   No chat template on purpose: the trainer then passes prompts as plain text, tokenized
   with the ``<bos>`` the warm start saw.
-* **A solve chunk ends the script**: every solve chunk's id is a stop token of the model's
-  generation config (:func:`stop_token_ids`; TRL reads the list and stops, masks and
-  detects truncation with it). Without this the policy could chain estimator chunks
-  without end: in RL such chains drifted in (EOS decayed step by step) and a learned
-  world model rated them higher than their real reward. Now a script is
-  ``load [preprocess] solve`` or it is cut off; what RL chooses is which chunk fills each slot.
-* **Model**: a 2-layer Qwen2-architecture causal LM (hidden 64) built from a config.
+* **A script follows its grammar**, ``load [preprocess] solve``: the model's logits carry
+  it (:mod:`wmrl_trainer.tiny_coder_model`, roles from :func:`token_roles`), so no chunk can
+  repeat and no script can run into the token limit; and every solve chunk's id is a stop
+  token of the generation config (:func:`stop_token_ids`; TRL reads the list and stops and
+  masks with it). Without the grammar the policy could chain chunks without end: RL drove
+  it into estimator chains (fixed by the stop tokens) and, on other machines, into load
+  chunks repeated to the token limit. What RL chooses is which chunk fills each slot.
+* **Model**: a 2-layer Qwen2-architecture causal LM (hidden 64) built from a config, with the
+  grammar as a fixed logit bias (``TinyCoderForCausalLM``, registered with transformers'
+  Auto classes so TRL's KL reference model is built with the same grammar).
 * **Warm start**: a short supervised stage on random solution scripts
   (:func:`wmrl_trainer.solutions.sample_script`: good and bad choices mixed, the estimator
   leaning only weakly towards the task's kind) for made-up tasks' prompts, so the starting policy writes code that mostly compiles but lands on every
@@ -43,7 +46,7 @@ from typing import Any
 from wmrl.cache import cache_root
 from wmrl_trainer import solutions
 
-RECIPE_VERSION = "3"
+RECIPE_VERSION = "4"
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
 PROMPT_WORDS: tuple[str, ...] = (
     "classification", "regression", "class", "binary",
@@ -104,19 +107,30 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
 
 # ---------------------------------------------------------------- model
 
+def token_roles(tokenizer: Any) -> list[str]:
+    """The grammar role of every token id (:mod:`wmrl_trainer.tiny_coder_model`): a chunk's slot, ``eos``, or ``prompt``."""
+    roles = ["prompt"] * len(tokenizer)
+    for chunk in solutions.CHUNKS:
+        roles[tokenizer.convert_tokens_to_ids(chunk.code)] = chunk.slot
+    roles[tokenizer.eos_token_id] = "eos"
+    return roles
+
+
 def build_model(tokenizer: Any, seed: int = 0) -> Any:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """The tiny coder's network, randomly initialised, with the script grammar built in."""
     import torch
 
+    from wmrl_trainer.tiny_coder_model import TinyCoderConfig, TinyCoderForCausalLM
+
     h = MODEL_SIZES["hidden"]
-    config = Qwen2Config(
+    config = TinyCoderConfig(
+        token_roles=token_roles(tokenizer),
         vocab_size=len(tokenizer), hidden_size=h, intermediate_size=2 * h, num_hidden_layers=MODEL_SIZES["layers"],
         num_attention_heads=MODEL_SIZES["heads"], num_key_value_heads=MODEL_SIZES["heads"], max_position_embeddings=256,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = TinyCoderForCausalLM(config)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = stop_token_ids(tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -216,6 +230,12 @@ def _warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list
 
 # ---------------------------------------------------------------- cache + entry point
 
+def grammar_rules() -> dict[str, list[str]]:
+    from wmrl_trainer.tiny_coder_model import NEXT_ROLES
+
+    return {role: list(nxt) for role, nxt in NEXT_ROLES.items()}
+
+
 def recipe_hash() -> str:
     """Content hash of everything that determines the warm-started weights."""
     import tokenizers
@@ -226,7 +246,7 @@ def recipe_hash() -> str:
         "recipe": RECIPE_VERSION, "chunks": [(c.name, c.slot, c.code) for c in solutions.CHUNKS],
         "skip": solutions.SKIP_PROBABILITY, "bad": solutions.BAD_PROBABILITY, "words": PROMPT_WORDS,
         "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT,
-        "kind_match": solutions.KIND_MATCH, "task": repr(synthetic_task(random.Random(0))),
+        "kind_match": solutions.KIND_MATCH, "grammar": grammar_rules(), "task": repr(synthetic_task(random.Random(0))),
         "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -267,7 +287,9 @@ def builtin_path(name: str, cache_dir: str | Path | None = None) -> Path:
 
 def load_builtin(name: str, cache_dir: str | Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) of builtin policy ``name`` (``tiny-coder``), warm-started and cached."""
-    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
+
+    from wmrl_trainer.tiny_coder_model import TinyCoderForCausalLM
 
     path = builtin_path(name, cache_dir)
     # Not AutoTokenizer: for a directory whose config.json says qwen2, transformers 5 builds a
@@ -275,4 +297,4 @@ def load_builtin(name: str, cache_dir: str | Path | None = None) -> tuple[Any, A
     # every prompt word (the policy saw only <bos> and could not tell tasks apart).
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     tokenizer.padding_side = "left"
-    return Qwen2ForCausalLM.from_pretrained(path), tokenizer
+    return TinyCoderForCausalLM.from_pretrained(path), tokenizer

@@ -252,17 +252,19 @@ class HeldOutEvaluator:
                 future.cancel()
         rewards = [self.cache.get((t.name, c)) for t, c in items]
         graded = [r for r in rewards if r is not None]
-        by_task = {}
+        by_task, distinct_by_task = {}, {}
         for task in self.tasks:
             mine = [self.cache.get((t.name, c)) for t, c in items if t.name == task.name]
             mine = [r for r in mine if r is not None]
             by_task[task.name] = sum(mine) / len(mine) if mine else None
+            distinct_by_task[task.name] = len({c for t, c in items if t.name == task.name})
         return {
             "reward": sum(graded) / len(graded) if graded else None,
             "by_task": by_task,
             "samples": len(items),
             "executed": len(todo),
             "distinct_scripts": len({c for _, c in items}),
+            "distinct_scripts_by_task": distinct_by_task,
             "eval_seconds": time.perf_counter() - started,
         }
 
@@ -302,6 +304,20 @@ def eval_steps(steps: int, every: Optional[int]) -> set[int]:
     return {0, steps} | set(range(every, steps, every))
 
 
+def run_warnings(records: Sequence[dict], evals: Sequence[dict], drop: float = 0.05) -> list[str]:
+    """What a user should know about a run's learning, in plain words: degenerate generation, a falling held-out reward."""
+    found, previous = [], None
+    for record in records:
+        warning = record.get("health_warning")
+        if warning and warning != previous:
+            found.append(f"step {record['step'] + 1}: generation was degenerating: {warning}")
+        previous = warning
+    rewards = [e["reward"] for e in evals if e.get("reward") is not None]
+    if len(rewards) >= 2 and rewards[-1] < rewards[0] - drop:
+        found.append(f"held-out reward fell from {rewards[0]:.3f} at the start to {rewards[-1]:.3f} at the end")
+    return found
+
+
 def results_payload(config: RunConfig, state: RunState, finished: bool, held_out: Sequence[str],
                     samples: int) -> dict[str, Any]:
     evals = state.evals
@@ -323,6 +339,7 @@ def results_payload(config: RunConfig, state: RunState, finished: bool, held_out
             "final_reward": evals[-1]["reward"] if evals else None,
             "curve": evals,
         },
+        "warnings": run_warnings(state.records, evals),
         "records": state.records,
         "config": config.to_wire(),
     }
@@ -426,8 +443,11 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
             bar = tqdm(total=steps, initial=resumed_step, desc=config.metadata.name, unit="step", dynamic_ncols=True)
         if not any(e["step"] == resumed_step for e in state.evals) and resumed_step < steps:
             evaluate(resumed_step)
-        # The trainer prints one JSON line per step: keep them in a file, the terminal gets the progress bar.
-        with contextlib.redirect_stdout(step_log):
+        # The trainer prints one JSON line per step: keep them in a file, the terminal gets the progress bar
+        # (and the trainer's warnings, written above the bar).
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with contextlib.redirect_stdout(step_log), logging_redirect_tqdm():
             trainer.train()
         finished = trainer.finished
         if finished and (not state.evals or state.evals[-1]["step"] != steps):
@@ -452,6 +472,10 @@ def _postfix(state: RunState) -> str:
     parts.append(f"executions={state.executions}")
     if state.evals and state.evals[-1]["reward"] is not None:
         parts.append(f"held-out={state.evals[-1]['reward']:.3f}")
+    if state.records and state.records[-1].get("distinct_per_group") is not None:
+        parts.append(f"distinct={state.records[-1]['distinct_per_group']:.1f}")
+    if state.records and state.records[-1].get("health_warning"):
+        parts.append("DEGENERATING")
     return " ".join(parts)
 
 
@@ -490,6 +514,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="override spec.algorithm.steps")
     parser.add_argument("--eval-every", type=int, help="held-out evaluation every N steps (default: steps/5)")
     parser.add_argument("--eval-samples", type=int, default=16, help="sampled solutions per held-out task (default 16)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="torch CPU threads for the trainer (default: 1 for builtin policies, else torch's default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -551,13 +577,16 @@ def main(args: argparse.Namespace) -> int:
                              "endpoint (or use backend learned / transformers)")
         if args.sandboxes < 1:
             raise ValueError(f"--sandboxes must be >= 1, got {args.sandboxes}")
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
     except ValueError as exc:
         print(f"wmrl run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     results_dir = Path(args.results or Path("wmrl-results") / config.metadata.name).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
     print(f"wmrl run: results in {results_dir}", flush=True)
-    options = RunOptions(eval_every=args.eval_every, eval_samples=args.eval_samples, progress=not args.no_progress)
+    options = RunOptions(eval_every=args.eval_every, eval_samples=args.eval_samples, progress=not args.no_progress,
+                         torch_threads=args.threads)
     interrupted = {"count": 0}
     previous = signal.getsignal(signal.SIGINT)
 
@@ -597,8 +626,10 @@ def main(args: argparse.Namespace) -> int:
                "finished": results["finished"], "initial_held_out_reward": held["initial_reward"],
                "final_held_out_reward": held["final_reward"], "wall_clock_s": results["wall_clock_s"],
                "executions": results["executions"], "results": str(results_dir / RESULTS_FILE),
-               "plot": str(results_dir / PLOT_FILE)}
+               "plot": str(results_dir / PLOT_FILE), "warnings": results["warnings"]}
     print(json.dumps(summary), flush=True)
+    for warning in results["warnings"]:
+        print(f"wmrl run: warning: {warning}", file=sys.stderr)
     if not results["finished"]:
         print(f"wmrl run: stopped at step {results['steps_done']}; run the same command again to resume",
               file=sys.stderr)

@@ -50,6 +50,7 @@ import numpy as np
 from wmrl.api.schema import Mode
 from wmrl.outcome import Outcome
 from wmrl.tasks import Task
+from wmrl_trainer.health import distinct_per_group
 
 log = logging.getLogger("wmrl.trainer.loop")
 
@@ -95,6 +96,12 @@ class StepRecord:
     rows: int = 0
     demand: int = 0
     calibration_stale_seconds: Optional[float] = None
+    # Policy health (wmrl_trainer.health): set by the step (distinct) and the TRL trainer (the rest).
+    distinct_per_group: Optional[float] = None
+    truncated_share: Optional[float] = None
+    mean_completion_tokens: Optional[float] = None
+    entropy: Optional[float] = None
+    health_warning: Optional[str] = None
 
     @property
     def execution_wait_fraction(self) -> float:
@@ -244,7 +251,8 @@ class WMRLStep:
     def score(self, pending: _Pending) -> Scored:
         """Wait for the world model and the executions (bounded) and decide every row's reward."""
         n_groups, group_size = len(pending.codes), len(pending.codes[0])
-        record = StepRecord(step=pending.step, mode=self.mode.value, rows=n_groups * group_size)
+        record = StepRecord(step=pending.step, mode=self.mode.value, rows=n_groups * group_size,
+                            distinct_per_group=distinct_per_group(pending.codes))
 
         wm = np.full((n_groups, group_size), np.nan)
         if pending.wm_future is not None:

@@ -17,11 +17,12 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from wmrl.api.schema import GROUP, PLURAL, VERSION, Progress
+from wmrl.api.schema import GROUP, PLURAL, VERSION, PolicyHealth, Progress
 from wmrl_trainer.loop import StepRecord
 
 log = logging.getLogger("wmrl.trainer.progress")
 PHASES = ("generation", "world_model", "execution", "calibration", "update")
+HEALTH_FIGURES = ("distinct_per_group", "truncated_share", "mean_completion_tokens", "entropy")
 
 
 class Totals:
@@ -62,6 +63,9 @@ def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
         ungraded=totals.ungraded,
         sandbox_demand=record.demand,
         calibration_stale_seconds=record.calibration_stale_seconds,
+        health=PolicyHealth(distinct_per_group=record.distinct_per_group, truncated_share=record.truncated_share,
+                            mean_completion_tokens=record.mean_completion_tokens, entropy=record.entropy,
+                            warning=record.health_warning),
         updated_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
 
@@ -119,6 +123,9 @@ class TrainerMetrics:
         self.ungraded = Counter("wmrl_trainer_ungraded", "Rollouts left out of the loss", registry=r)
         self.demand = Gauge("wmrl_trainer_sandbox_demand", "Executions queued + in flight", registry=r)
         self.stale = Gauge("wmrl_trainer_calibration_stale_seconds", "Age of the calibration map", registry=r)
+        self.health = Gauge("wmrl_trainer_policy_health", "Generation health of the last step", ["figure"], registry=r)
+        self.degenerating = Gauge("wmrl_trainer_generation_degenerating", "1 while generation is degenerating",
+                                  registry=r)
         self._server = None
         if port is not None:
             self._server, self._thread = start_http_server(port, addr=addr, registry=r)
@@ -150,6 +157,11 @@ class TrainerMetrics:
         self.demand.set(record.demand)
         if record.calibration_stale_seconds is not None:
             self.stale.set(record.calibration_stale_seconds)
+        for figure in HEALTH_FIGURES:
+            value = getattr(record, figure)
+            if value is not None:
+                self.health.labels(figure).set(value)
+        self.degenerating.set(1 if record.health_warning else 0)
 
     def close(self) -> None:
         if self._server is not None:

@@ -35,6 +35,7 @@ import numpy as np
 from wmrl.api.runconfig import RunConfig, load_run_config
 from wmrl.api.schema import Mode
 from wmrl.tasks import Task
+from wmrl_trainer.health import HealthMonitor
 
 log = logging.getLogger("wmrl.trainer")
 
@@ -248,6 +249,7 @@ class WMRLTrainer:
         self.resumed_from: Optional[int] = None
         self._owned = list(owned)
         self._step_started = time.perf_counter()
+        self.health = HealthMonitor(config.spec.algorithm.group_size)
         grpo.add_callback(_Hook(self))
 
     # ------------------------------------------------------------ training
@@ -271,6 +273,10 @@ class WMRLTrainer:
             record.total = now - self._step_started
             record.update = max(0.0, record.total - record.generation - record.world_model - record.execution
                                 - record.calibration)
+            record.entropy = self.grpo.step_entropy()
+            change = self.health.check(record)
+            if change is not None:
+                log.warning("%s", change)
             self.records.append(record)
             self.reporter.report(record)
             print(json.dumps({"event": "step", **record.to_json()}, default=float), flush=True)
@@ -309,7 +315,8 @@ class WMRLTrainer:
         from wmrl_trainer.checkpoint import WMRL_STATE, WORLD_MODEL_STATE, save_json
 
         step = self.step
-        data: dict[str, Any] = {"step": self.grpo.state.global_step, "totals": self.reporter.totals.state_dict()}
+        data: dict[str, Any] = {"step": self.grpo.state.global_step, "totals": self.reporter.totals.state_dict(),
+                                "health": self.health.state_dict()}
         if step.selector is not None:
             data["selector"] = step.selector.state_dict()
         calibration = _calibration_state(step.calibration)
@@ -330,6 +337,7 @@ class WMRLTrainer:
         if "calibration" in data:
             _load_calibration_state(step.calibration, data["calibration"])
         self.reporter.totals.load_state_dict(data.get("totals", {}))
+        self.health.load_state_dict(data.get("health", {}))
         wm_path = directory / WORLD_MODEL_STATE
         if wm_path.is_file() and hasattr(step.world_model, "load_state_dict"):
             step.world_model.load_state_dict(torch.load(wm_path, weights_only=False))

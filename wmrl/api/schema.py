@@ -272,6 +272,18 @@ class Condition(_Model):
     observed_generation: Optional[int] = None
 
 
+class PolicyHealth(_Model):
+    """Generation health at the last step: a collapsing policy shows here before its reward does."""
+
+    distinct_per_group: Optional[float] = Field(
+        None, description="Distinct completions per group, averaged over the step's groups (1 = every rollout identical).")
+    truncated_share: Optional[float] = Field(
+        None, description="Share of completions cut off at spec.policy.sampling.maxNewTokens (no stop token).")
+    mean_completion_tokens: Optional[float] = None
+    entropy: Optional[float] = Field(None, description="Mean per-token policy entropy of the sampled completions (nats).")
+    warning: Optional[str] = Field(None, description="Set while generation is degenerating, in plain words.")
+
+
 class Progress(_Model):
     """Patched by the trainer each step; the operator never writes it."""
 
@@ -289,6 +301,7 @@ class Progress(_Model):
     ungraded: int = 0
     sandbox_demand: int = Field(0, description="Executions queued + in flight at the trainer: the autoscaler's input.")
     calibration_stale_seconds: Optional[float] = None
+    health: Optional[PolicyHealth] = None
     updated_at: Optional[str] = None
 
 
