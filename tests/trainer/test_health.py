@@ -1,0 +1,107 @@
+"""Policy health: the figures, the plain-words warnings, and where they reach (status.progress, /metrics, the log)."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wmrl_trainer.health import HealthMonitor, completion_stats, distinct_per_group, problems
+from wmrl_trainer.loop import StepRecord
+from wmrl_trainer.progress import Totals, TrainerMetrics, progress_of
+
+
+def test_distinct_per_group_counts_each_groups_distinct_scripts():
+    assert distinct_per_group([["a", "a", "a", "a"], ["a", "b", "b", "c"]]) == 2.0
+    assert distinct_per_group([]) is None
+
+
+@given(st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=6), min_size=1, max_size=8), st.sets(st.integers(0, 5)))
+@settings(max_examples=80, deadline=None)
+def test_completion_stats_match_a_direct_count(rows, stops):
+    truncated, mean_tokens = completion_stats(rows, stops)
+    expected_lengths, cut = [], 0
+    for row in rows:
+        ends = [i for i, t in enumerate(row) if t in stops]
+        cut += not ends
+        expected_lengths.append(ends[0] + 1 if ends else len(row))
+    assert truncated == pytest.approx(cut / len(rows))
+    assert mean_tokens == pytest.approx(sum(expected_lengths) / len(rows))
+
+
+def _record(step, distinct=6.0, truncated=0.0, entropy=1.2):
+    return StepRecord(step=step, mode="wmrl", distinct_per_group=distinct, truncated_share=truncated,
+                      mean_completion_tokens=3.0, entropy=entropy)
+
+
+def test_problems_name_what_is_wrong_in_plain_words():
+    assert problems(_record(0), group_size=8) == []
+    [collapsed] = problems(_record(0, distinct=1.0, entropy=0.01), group_size=8)
+    assert "stopped exploring" in collapsed and "1.00 distinct scripts per group of 8" in collapsed
+    assert "0.010 nats" in collapsed
+    [endless] = problems(_record(0, truncated=0.75), group_size=8)
+    assert "75% of completions ran into the token limit" in endless and "maxNewTokens" in endless
+    assert problems(_record(0, distinct=1.0), group_size=1) == []  # a group of one has nothing to compare
+
+
+def test_monitor_warns_once_after_patience_steps_and_once_when_it_clears():
+    monitor = HealthMonitor(group_size=8, patience=2)
+    records = [_record(0), _record(1, truncated=0.9), _record(2, truncated=0.9), _record(3, truncated=0.9),
+               _record(4), _record(5)]
+    messages = [monitor.check(r) for r in records]
+    assert messages[0] is None and messages[1] is None  # one bad step is not yet a trend
+    assert messages[2].startswith("step 3: generation is degenerating") and "token limit" in messages[2]
+    assert messages[3] is None  # said once
+    assert messages[4] == "step 5: generation is healthy again" and messages[5] is None
+    assert [r.health_warning is not None for r in records] == [False, False, True, True, False, False]
+
+
+def test_monitor_state_survives_a_restart():
+    monitor = HealthMonitor(group_size=8)
+    monitor.check(_record(0, distinct=1.0))
+    resumed = HealthMonitor(group_size=8)
+    resumed.load_state_dict(monitor.state_dict())
+    assert resumed.check(_record(1, distinct=1.0)) is not None  # the streak carried over: 2 of 2
+
+
+def test_progress_and_metrics_carry_the_health_figures():
+    record = _record(4, distinct=1.25, truncated=0.5, entropy=0.02)
+    HealthMonitor(group_size=8, patience=1).check(record)
+    wire = progress_of(record, Totals(), 20).to_wire()
+    assert wire["health"]["distinctPerGroup"] == 1.25 and wire["health"]["truncatedShare"] == 0.5
+    assert wire["health"]["entropy"] == 0.02 and "stopped exploring" in wire["health"]["warning"]
+    metrics = TrainerMetrics(port=0, addr="127.0.0.1")
+    try:
+        metrics.observe(record)
+        text = httpx.get(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5).text
+    finally:
+        metrics.close()
+    assert 'wmrl_trainer_policy_health{figure="distinct_per_group"} 1.25' in text
+    assert 'wmrl_trainer_policy_health{figure="truncated_share"} 0.5' in text
+    assert "wmrl_trainer_generation_degenerating 1.0" in text
+
+
+@pytest.mark.slow
+def test_a_policy_that_never_finishes_is_reported_by_the_trainer(tmp_path, caplog):
+    """A real TRL run whose completions are cut at 2 tokens (the tiny BPE model rarely stops): warned, in the log."""
+    from test_grpo import run_config, tiny_policy
+    from wmrl_scripted import ScriptedWorldModel, make_tasks
+    from wmrl_trainer.train import build_trainer
+
+    records = []
+    config = run_config(tmp_path, "worldModel", steps=3, sampling={"maxNewTokens": 2})
+    trainer = build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=ScriptedWorldModel(),
+                            callbacks=[records.append])
+    try:
+        with caplog.at_level(logging.WARNING, logger="wmrl.trainer"):
+            trainer.train()
+    finally:
+        trainer.close()
+    assert all(r.truncated_share >= 0.5 for r in records)
+    assert all(r.mean_completion_tokens == 2.0 for r in records)
+    assert records[0].health_warning is None and records[1].health_warning is not None
+    assert any("generation is degenerating" in m and "token limit" in m for m in caplog.messages)
+    assert trainer.summary()["progress"]["health"]["warning"] == records[-1].health_warning
