@@ -78,3 +78,13 @@ def test_bad_usage_exits_2_naming_the_option(tmp_path):
     assert threads.returncode == 2 and "--threads" in threads.stderr
     seeds = subprocess.run([*cli, "--seeds", "a,b"], capture_output=True, text=True)
     assert seeds.returncode == 2 and "--seeds" in seeds.stderr
+
+
+def test_an_evaluation_that_missed_samples_fails_the_cell():
+    results = _results([0.40, 0.50, 0.60])
+    for point in results["held_out"]["curve"]:
+        point.update(samples=64, graded=64)
+    assert judge(results)["passed"]
+    results["held_out"]["curve"][0]["graded"] = 37  # a mean over whichever executions finished first
+    verdict = judge(results)
+    assert not verdict["passed"] and verdict["reasons"] == ["evaluations at steps [0] did not grade every sample"]

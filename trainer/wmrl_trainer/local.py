@@ -227,9 +227,9 @@ class HeldOutEvaluator:
     """Mean real reward of sampled solutions on held-out tasks (see the module docstring)."""
 
     def __init__(self, tasks: Sequence[Any], dispatcher: Any, samples_per_task: int, seed: int,
-                 timeout: float = 600.0, cache: Optional[dict] = None):
+                 cache: Optional[dict] = None):
         self.tasks, self.dispatcher = list(tasks), dispatcher
-        self.samples, self.seed, self.timeout = samples_per_task, seed, timeout
+        self.samples, self.seed = samples_per_task, seed
         self.cache: dict[tuple[str, str], Optional[float]] = cache if cache is not None else {}
 
     def sample(self, model: Any, tokenizer: Any, sampling: Any) -> list[tuple[Any, str]]:
@@ -243,13 +243,14 @@ class HeldOutEvaluator:
         items = self.sample(model, tokenizer, sampling)
         todo = {(t.name, code): t for t, code in items if (t.name, code) not in self.cache}
         futures = {key: self.dispatcher.run_task(task, key[1]) for key, task in todo.items()}
-        done, _ = cf.wait(list(futures.values()), timeout=self.timeout)
+        # No deadline for the whole batch: on a slow or busy machine it cut evaluations short and the
+        # mean covered whichever samples finished first. Each execution is bounded by the dispatcher
+        # (per-attempt timeout, retries), so every future ends.
+        cf.wait(list(futures.values()))
         for key, future in futures.items():
-            ok = future in done and future.exception() is None and future.result() is not None
-            if ok:
+            if future.exception() is None and future.result() is not None:
                 self.cache[key] = float(future.result().reward)
-            else:  # not cached: a sandbox failure is retried at the next evaluation
-                future.cancel()
+            # else not cached: a sandbox failure is retried at the next evaluation
         rewards = [self.cache.get((t.name, c)) for t, c in items]
         graded = [r for r in rewards if r is not None]
         by_task, distinct_by_task = {}, {}
@@ -262,6 +263,7 @@ class HeldOutEvaluator:
             "reward": sum(graded) / len(graded) if graded else None,
             "by_task": by_task,
             "samples": len(items),
+            "graded": len(graded),
             "executed": len(todo),
             "distinct_scripts": len({c for _, c in items}),
             "distinct_scripts_by_task": distinct_by_task,
@@ -395,7 +397,7 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
     steps = spec.algorithm.steps
     when = eval_steps(steps, options.eval_every)
     evaluator = HeldOutEvaluator(held_out, dispatcher, options.eval_samples, seed=spec.algorithm.seed + 7919,
-                                 timeout=spec.sandbox.timeout_seconds + 60, cache=options.eval_cache)
+                                 cache=options.eval_cache)
     bar = None
     trainer = None
 

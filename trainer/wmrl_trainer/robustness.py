@@ -8,7 +8,8 @@ by the same criteria (:data:`CRITERIA`):
 
 * it learns: the held-out reward ends at least ``min_gain`` above where it started;
 * it never falls: no evaluation from step ``dip_from_step`` on is below the start minus ``max_dip``;
-* it has not collapsed: at the end, every held-out task still gets more than one distinct script.
+* it has not collapsed: at the end, every held-out task still gets more than one distinct script;
+* every evaluation graded all of its samples (a mean over whichever finished would not compare).
 
 Output: JSON (per cell: curve, gain, verdict and reasons; summary: gain mean, std and
 minimum), optionally a Markdown table and a plot of every cell's curve. Exit status 0
@@ -49,6 +50,9 @@ def judge(results: dict[str, Any], criteria: dict[str, Any] = CRITERIA) -> dict[
     min_after = min(later) if later else None
     if min_after is not None and min_after < initial - criteria["max_dip"]:
         reasons.append(f"fell to {min_after:.3f} (start {initial:.3f} - {criteria['max_dip']})")
+    partial = [p["step"] for p in curve if p.get("graded", p.get("samples")) != p.get("samples")]
+    if partial:
+        reasons.append(f"evaluations at steps {partial} did not grade every sample")
     distinct = curve[-1].get("distinct_scripts_by_task") or {}
     collapsed = sorted(task for task, n in distinct.items() if n < criteria["min_distinct_scripts"])
     if not distinct:
@@ -145,7 +149,7 @@ def run_cell(manifest: Path, seed: int, threads: int, out_dir: Path, extra: Sequ
     if rc != 0:
         cell["passed"] = False
         cell["reasons"] = [f"wmrl run exited {rc} (log {out_dir / 'run.log'})", *cell["reasons"]]
-    cell["curve"] = [{k: p.get(k) for k in ("step", "reward", "distinct_scripts_by_task")} for p in
+    cell["curve"] = [{k: p.get(k) for k in ("step", "reward", "samples", "graded", "distinct_scripts_by_task")} for p in
                      results["held_out"]["curve"]]
     cell["warnings"] = results.get("warnings", [])
     return cell
