@@ -69,7 +69,7 @@ def wmrl_advantages(scored: Scored) -> tuple[np.ndarray, np.ndarray]:
         adv = apply_anchor_weight(adv, scored.anchor_groups, scored.weight)
     flat = adv.reshape(-1)
     graded = ~np.isnan(flat)
-    return np.where(graded, flat, 0.5), graded
+    return np.where(graded, flat, 0.0), graded
 
 
 class WMRLGRPOTrainer(GRPOTrainer):
