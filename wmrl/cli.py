@@ -6,13 +6,16 @@ Each subcommand lives in its own module, which exposes
 command runs, so ``wmrl operator`` never pays for torch and ``wmrl --help`` is instant.
 
 Exit codes: 0 success, 1 the work failed, 2 bad usage or invalid input,
-130 interrupted (Ctrl-C; long-running commands checkpoint before exiting).
+130 interrupted (Ctrl-C; long-running commands checkpoint before exiting), 141 stdout was
+closed early (``wmrl --help | head -1``; quietly, like a tool killed by SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 from typing import NamedTuple
 
@@ -20,6 +23,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a tool the signal ended
 
 
 class Command(NamedTuple):
@@ -49,7 +53,8 @@ def _usage() -> str:
     lines = ["usage: wmrl <command> [options]", "", "commands:"]
     lines += [f"  {' '.join(c.words):<{width}}  {c.summary}" for c in COMMANDS]
     lines += ["", "Run 'wmrl <command> --help' for a command's options.",
-              "Exit codes: 0 ok, 1 failed, 2 bad usage or invalid input, 130 interrupted."]
+              "Exit codes: 0 ok, 1 failed, 2 bad usage or invalid input, 130 interrupted,",
+              "141 output closed early (| head)."]
     return "\n".join(lines)
 
 
@@ -61,6 +66,44 @@ def _find(argv: list[str]) -> Command | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; when its reader goes away (``| head -1``), exit quietly with 141.
+
+    Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError: here, or at the
+    interpreter's final flush, where it would print a traceback. SIGPIPE is not restored to its
+    default instead: that would also kill the operator or a server when a peer's socket closes.
+    """
+    try:
+        try:
+            code = _dispatch(argv)
+        except SystemExit:  # argparse's --help and usage errors print, then exit
+            _flush_stdout()
+            raise
+        _flush_stdout()
+        return code
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a socket of the command's own, not our stdout: a real error
+        # Nothing more can be written; point stdout at /dev/null so the exit-time flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose read end is closed (poll reports POLLERR for it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real stdout (replaced, closed): not ours
+        return False
+
+
+def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

@@ -22,6 +22,16 @@ def post(url, body, **kw):
     return httpx.post(url + "/v1/observations", content=content, headers={"Content-Type": "application/json"}, **kw)
 
 
+def _eventually(condition, timeout: float = 30.0):
+    """``condition()``'s first truthy value, polled; ``None`` after ``timeout`` s (only so a bug cannot hang)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.01)
+    return None
+
+
 GOOD = {"wm": [0.2, 0.4], "env": [0.1, 0.5]}
 BAD_BODIES = [
     (b'{"trainer": "t", "batch": "b", "groups": [{"wm": [NaN, 0.1], "env": [0.1, 0.2]}]}', "NaN"),
@@ -80,8 +90,8 @@ def test_client_batches_keeps_its_map_while_the_service_is_away_and_never_double
     rng = np.random.default_rng(1)
     try:
         client.observe([group(rng) for _ in range(5)])  # the service is not up yet
-        time.sleep(0.3)
-        assert client.stale_seconds is None and client.weight == 1.0 and client.last_error
+        assert _eventually(lambda: client.last_error), "the client never reported the service missing"
+        assert client.stale_seconds is None and client.weight == 1.0
         np.testing.assert_array_equal(client.calibrate([0.3]), [0.3])  # identity until a map arrives
         server.start()
         assert client.flush(30)
@@ -91,15 +101,24 @@ def test_client_batches_keeps_its_map_while_the_service_is_away_and_never_double
         view = client.view()
         assert view["pairsSeen"] == 21 * 5 * 8 and view["map"] is not None
         fitted = client.calibrate([0.3, 0.6])
+        acknowledged = client.acknowledged_batches
         server.kill9()
         client.observe([group(rng) for _ in range(5)])
-        time.sleep(0.5)
+        assert _eventually(lambda: client.last_error), "the client never noticed the service went away"
+        # Alive, the service confirms the map every 0.2 s (refresh_interval); away, the map only
+        # ages: failed retries (every <= 0.2 s, backoff_max) must not count as contact.
+        assert _eventually(lambda: client.stale_seconds > 0.5), "staleness stopped growing while the service was away"
         np.testing.assert_array_equal(client.calibrate([0.3, 0.6]), fitted)  # training goes on
-        assert client.stale_seconds >= 0.4 and client.pending_groups == 5
+        assert client.pending_groups == 5 and client.acknowledged_batches == acknowledged
+        restarting_at = time.monotonic()
         server.start()
         assert client.flush(30)
         assert client.view()["pairsSeen"] == 22 * 5 * 8
-        assert client.stale_seconds < 1.0
+        assert client.acknowledged_batches == acknowledged + 1 and client.last_error is None
+        # Staleness counts from a contact after the restart began. (One monotonic clock, read in
+        # this order: it orders two events and bounds no duration.)
+        stale = client.stale_seconds
+        assert stale <= time.monotonic() - restarting_at
     finally:
         client.close()
     assert FileStore(tmp_path / "state.json").load().view()["pairsSeen"] == 22 * 5 * 8
@@ -149,8 +168,8 @@ def test_client_queue_is_bounded_while_the_service_is_away():
             client.observe([group(rng) for _ in range(4)])
         assert client.pending_groups == 10 and client.dropped_groups == 10  # nothing sent: not due yet
         assert client.stale_seconds is None and client.weight == 1.0
-        time.sleep(0.2)
-        assert client.last_error  # the service is unreachable (the refresh GET failed)
+        assert _eventually(lambda: client.last_error)  # the service is unreachable (the refresh GET failed)
+        assert client.last_error.startswith("GET /v1/calibration")
     finally:
         client.close(timeout=0.2)
     assert not client._thread.is_alive()  # what could not be sent in time is abandoned, not retried forever

@@ -16,6 +16,7 @@ import yaml
 from wmrl_trainer.checkpoint import COMPLETE, complete_checkpoints, latest_checkpoint, write_checkpoint
 
 HERE = Path(__file__).resolve().parent
+PARAM_ATOL = 1e-6  # float32 rounding carried through a few Adam steps is ~1e-8
 
 
 def test_a_checkpoint_without_its_marker_is_ignored_and_cleaned_up(tmp_path):
@@ -150,7 +151,13 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
     assert a["selector"] == b["selector"]
     for state in (a, b):  # the runs have different names, hence different trainer ids
         state["calibration"]["state"].pop("recentBatches")
-    assert a["calibration"] == b["calibration"]
+    assert a["calibration"] == b["calibration"]  # the same rollouts were sampled, executed and graded
     assert a["params"].keys() == b["params"].keys()
+    # The resumed run computes with weights and optimizer state read back from files (other
+    # buffers, other alignment), where a BLAS may round differently: weights are compared to
+    # PARAM_ATOL. Measured here: equal. One step moves every tensor by ~lr = 1e-2 (>= 8e-3 here),
+    # so a lost, repeated or differently optimised step shows in each one; checked on the last.
+    previous = _state(tmp_path / "ckpt-straight", steps - 1)["params"]
+    assert min((a["params"][n] - previous[n]).abs().max().item() for n in a["params"]) > 1000 * PARAM_ATOL
     for name in a["params"]:
-        assert torch.equal(a["params"][name], b["params"][name]), name
+        torch.testing.assert_close(b["params"][name], a["params"][name], rtol=0, atol=PARAM_ATOL, msg=name)
