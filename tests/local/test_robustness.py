@@ -88,3 +88,22 @@ def test_an_evaluation_that_missed_samples_fails_the_cell():
     results["held_out"]["curve"][0]["graded"] = 37  # a mean over whichever executions finished first
     verdict = judge(results)
     assert not verdict["passed"] and verdict["reasons"] == ["evaluations at steps [0] did not grade every sample"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_the_quickstart_learns_on_both_thread_counts(tmp_path, wmrl_env):
+    """A reduced matrix (docs/local.md has the full one): the real quickstart, seed 0 (the seed a new user saw
+    collapse), torch threads 1 and 2, each cell judged by every criterion."""
+    report_path = tmp_path / "matrix.json"
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "quickstart", "--seeds", "0", "--threads", "1,2",
+                           "--parallel", "2", "--work-dir", str(tmp_path / "cells"), "--json", str(report_path),
+                           "--no-progress"], capture_output=True, text=True, env=wmrl_env, timeout=2300)
+    report = json.loads(report_path.read_text())
+    failures = {(c["seed"], c["threads"]): c["reasons"] for c in report["cells"] if not c["passed"]}
+    assert proc.returncode == 0 and not failures, (failures, proc.stderr[-3000:])
+    assert [(c["seed"], c["threads"]) for c in report["cells"]] == [(0, 1), (0, 2)]
+    for cell in report["cells"]:
+        assert cell["gain"] >= CRITERIA["min_gain"] and cell["distinct_at_end"] >= 2
+        assert all(p["graded"] == p["samples"] for p in cell["curve"])
+        assert cell["warnings"] == []

@@ -1,17 +1,15 @@
-"""Policy health: the figures, the plain-words warnings, and where they reach (status.progress, /metrics, the log)."""
+"""Policy health: the figures and the plain-words warnings, up to the trainer's log (status and /metrics: test_progress.py)."""
 
 from __future__ import annotations
 
 import logging
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wmrl_trainer.health import HealthMonitor, completion_stats, distinct_per_group, problems
 from wmrl_trainer.loop import StepRecord
-from wmrl_trainer.progress import Totals, TrainerMetrics, progress_of
 
 
 def test_distinct_per_group_counts_each_groups_distinct_scripts():
@@ -65,23 +63,6 @@ def test_monitor_state_survives_a_restart():
     resumed = HealthMonitor(group_size=8)
     resumed.load_state_dict(monitor.state_dict())
     assert resumed.check(_record(1, distinct=1.0)) is not None  # the streak carried over: 2 of 2
-
-
-def test_progress_and_metrics_carry_the_health_figures():
-    record = _record(4, distinct=1.25, truncated=0.5, entropy=0.02)
-    HealthMonitor(group_size=8, patience=1).check(record)
-    wire = progress_of(record, Totals(), 20).to_wire()
-    assert wire["health"]["distinctPerGroup"] == 1.25 and wire["health"]["truncatedShare"] == 0.5
-    assert wire["health"]["entropy"] == 0.02 and "stopped exploring" in wire["health"]["warning"]
-    metrics = TrainerMetrics(port=0, addr="127.0.0.1")
-    try:
-        metrics.observe(record)
-        text = httpx.get(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5).text
-    finally:
-        metrics.close()
-    assert 'wmrl_trainer_policy_health{figure="distinct_per_group"} 1.25' in text
-    assert 'wmrl_trainer_policy_health{figure="truncated_share"} 0.5' in text
-    assert "wmrl_trainer_generation_degenerating 1.0" in text
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import uuid
 import httpx
 import pytest
 
+from wmrl_trainer.health import HealthMonitor
 from wmrl_trainer.loop import StepRecord
 from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics, progress_of
 
@@ -33,13 +34,31 @@ def test_progress_accumulates_counters_and_names_fields_in_camel_case():
     assert wire["calibrationStaleSeconds"] == 1.5 and "updatedAt" in wire
 
 
-def test_metrics_are_served_on_their_port():
+def scrape(step_record: StepRecord) -> str:
+    """The /metrics text after observing one record, from a real HTTP server on loopback."""
     metrics = TrainerMetrics(port=0, addr="127.0.0.1")
     try:
-        metrics.observe(record(4))
-        text = httpx.get(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5).text
+        metrics.observe(step_record)
+        return httpx.get(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5).text
     finally:
         metrics.close()
+
+
+def test_progress_and_metrics_carry_the_policy_health():
+    step_record = record(4, distinct_per_group=1.25, truncated_share=0.5, mean_completion_tokens=3.0, entropy=0.02)
+    HealthMonitor(group_size=8, patience=1).check(step_record)
+    health = progress_of(step_record, Totals(), 20).to_wire()["health"]
+    assert health["distinctPerGroup"] == 1.25 and health["truncatedShare"] == 0.5 and health["entropy"] == 0.02
+    assert "stopped exploring" in health["warning"]
+    text = scrape(step_record)
+    assert 'wmrl_trainer_policy_health{figure="distinct_per_group"} 1.25' in text
+    assert 'wmrl_trainer_policy_health{figure="truncated_share"} 0.5' in text
+    assert "wmrl_trainer_generation_degenerating 1.0" in text
+    assert "wmrl_trainer_generation_degenerating 0.0" in scrape(record(5))
+
+
+def test_metrics_are_served_on_their_port():
+    text = scrape(record(4))
     assert "wmrl_trainer_step 5.0" in text
     assert 'wmrl_trainer_phase_seconds{phase="execution"} 0.05' in text
     assert 'wmrl_trainer_mean_reward{kind="calibrated"} 0.45' in text
