@@ -139,6 +139,7 @@ def test_vectorised_fold_equals_folding_group_by_group(batches, min_pairs, refit
     np.testing.assert_array_equal(state.debiaser.wm, deb.wm)
     assert (view["map"] is None) == (deb.map is None)
     if deb.map is not None:
+        np.testing.assert_allclose(view["map"]["x"], deb.map.x, atol=1e-12)
         np.testing.assert_allclose(view["map"]["y"], deb.map.y, atol=1e-12)
     assert weigher.observations == state.weighter.observations
     if weigher.disagreement is not None:

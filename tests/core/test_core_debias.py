@@ -66,6 +66,21 @@ def test_any_bad_reward_anywhere_is_rejected(values, bad):
         check_rewards(values, "r")
 
 
+def test_breakpoints_are_the_mean_world_model_reward_of_each_populated_bin():
+    """Worked by hand: 4 bins of width 0.25, the second one empty, the last one closed at 1."""
+    wm = np.array([0.1, 0.2, 0.6, 0.7, 0.9, 1.0])
+    env = np.array([0.3, 0.5, 0.2, 0.4, 0.8, 1.0])
+    breakpoints = [0.15, 0.65, 0.95]  # mean wm of bins [0, .25), [.5, .75), [.75, 1]
+    fitted_y = [0.35, 0.35, 0.9]  # bin means of env 0.4, 0.3, 0.9; the violating pair pooled (equal counts)
+    debiaser = OnlineDebiaser(bins=4, min_pairs=1, refit_every=1)
+    debiaser.observe_group(wm, env)
+    for fitted in (fit_bucketed_isotonic(wm, env, bins=4), debiaser.map):
+        np.testing.assert_allclose(fitted.x, breakpoints, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(fitted.y, fitted_y, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(debiaser.calibrate([0.0, 0.15, 0.8, 0.95, 1.0]), [0.35, 0.35, 0.625, 0.9, 0.9],
+                               rtol=0, atol=1e-12)
+
+
 def test_identity_until_min_pairs_then_refit_every():
     d = OnlineDebiaser(bins=10, min_pairs=200, refit_every=64, buffer_size=5000)
     rng = np.random.default_rng(0)
@@ -126,4 +141,5 @@ def test_buffer_is_exactly_the_newest_pairs(capacity, groups):
     expected = fit_bucketed_isotonic(np.array(seen[-capacity:]), np.array(seen[-capacity:]))
     d.refit()
     if expected is not None:
-        np.testing.assert_allclose(d.map.y, expected.y) and np.testing.assert_allclose(d.map.x, expected.x)
+        np.testing.assert_allclose(d.map.x, expected.x)
+        np.testing.assert_allclose(d.map.y, expected.y)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import alive, write_manifest
+from local_helpers import alive, write_manifest
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import os
 import pytest
 
 import wmrl_cluster
-from conftest import run_manifest, wait_for
+from operator_helpers import run_manifest, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import run_manifest, wait_for
+from operator_helpers import run_manifest, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import run_manifest, wait_for
+from operator_helpers import run_manifest, wait_for
 from wmrl_operator.handlers import _fetch_calibration
 from kubernetes import client as k8s_client, config as k8s_config
 

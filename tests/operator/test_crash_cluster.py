@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from conftest import Operator, run_manifest, wait_for
+from operator_helpers import Operator, run_manifest, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -12,14 +12,24 @@ RUNS = [f"crash-{i}" for i in range(3)]
 
 
 def test_sigkill_during_reconcile_then_restart_creates_no_duplicates(kube, crd_installed, namespace, tmp_path):
+    # A quota of zero Jobs holds every reconcile half-way: the trainer Job, applied last, is
+    # refused and the operator keeps retrying. Kill it there, then lift the quota and restart.
+    kube.run("create", "quota", "no-trainer-jobs", "-n", namespace, "--hard=count/jobs.batch=0")
     for name in RUNS:
         kube.apply(run_manifest(name))
-    op = Operator(crd_installed.kubeconfig, namespace, tmp_path / "operator.log").start()
-    # Kill as soon as the first children appear: the operator is half-way through its reconciles.
-    wait_for(lambda: kube.items("configmaps", "app.kubernetes.io/managed-by=wmrl-operator"), timeout=60,
-             interval=0.05, what="first children")
+    log = tmp_path / "operator.log"
+    op = Operator(crd_installed.kubeconfig, namespace, log).start()
+
+    def refused_jobs():
+        lines = [line for line in log.read_text().splitlines() if "exceeded quota: no-trainer-jobs" in line]
+        return {name for name in RUNS if any(f"{name}-trainer" in line for line in lines)}
+
+    wait_for(lambda: refused_jobs() == set(RUNS), timeout=60, what="every run's trainer Job refused by the quota")
     op.kill9()
-    partial = len(kube.items("jobs", "app.kubernetes.io/managed-by=wmrl-operator"))
+    for name in RUNS:  # half-way: what the Job needs was created before it
+        for kind, child in (("configmap", "config"), ("serviceaccount", "trainer"), ("service", "sandbox")):
+            assert kube.get(kind, f"{name}-{child}") is not None, f"{kind} {name}-{child}"
+    kube.run("delete", "quota", "no-trainer-jobs", "-n", namespace)
     op = Operator(crd_installed.kubeconfig, namespace, tmp_path / "operator2.log").start()
     try:
         for name in RUNS:
@@ -36,4 +46,3 @@ def test_sigkill_during_reconcile_then_restart_creates_no_duplicates(kube, crd_i
             assert kube.status(name)["restarts"] == 0
     finally:
         op.stop()
-    assert partial <= len(RUNS)

@@ -2,9 +2,12 @@
 TTL, immutability, status ownership, garbage collection. Pods run on kwok nodes (they run
 nothing); the tests finish them with the ``wmrl.dev/kwok-phase`` annotation."""
 
-import pytest
+import json
 
-from conftest import run_manifest, wait_for
+import pytest
+import yaml
+
+from operator_helpers import run_manifest, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -16,6 +19,17 @@ CHILDREN = [
     ("service", "{r}-calibration"), ("serviceaccount", "{r}-calibration"), ("role", "{r}-calibration"),
     ("rolebinding", "{r}-calibration"),
 ]
+
+
+def rendered_spec(kube, name):
+    """The spec the trainer would read: ``run.yaml`` of the run's config ConfigMap (None while absent)."""
+    config_map = kube.get("configmap", f"{name}-config")
+    return config_map and yaml.safe_load(config_map["data"]["run.yaml"])["spec"]
+
+
+def sandbox_env(kube, name):
+    container = kube.get("deployment", f"{name}-sandbox")["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
 
 
 def phase(kube, name):
@@ -110,11 +124,19 @@ def test_operator_never_overwrites_progress(kube, operator):
     wait_for(lambda: phase(kube, "zeta") == "Running", what="Running")
     progress = {"step": 7, "totalSteps": 10, "meanRealReward": 0.42, "sandboxDemand": 0, "futureField": "kept"}
     kube.patch_status("zeta", {"progress": progress})
+    assert rendered_spec(kube, "zeta")["algorithm"]["steps"] != 11
     kube.run("patch", "wmrlrun", "zeta", "-n", kube.ns, "--type=merge", "-p", '{"spec":{"algorithm":{"steps":11}}}')
     wait_for(lambda: kube.status("zeta").get("observedGeneration") == 2, what="generation 2 observed")
+    wait_for(lambda: rendered_spec(kube, "zeta")["algorithm"]["steps"] == 11, what="steps 11 in the trainer's config")
     assert kube.status("zeta")["progress"] == progress
     printed = kube.run("get", "wmr", "zeta", "-n", kube.ns).stdout
     assert " 7 " in printed and "0.42" in printed
+
+
+def ensure_active(kube, name):
+    if kube.get("wmrlrun", name) is None:
+        kube.apply(run_manifest(name))
+    wait_for(lambda: phase(kube, name) in ("Pending", "Running"), what=f"{name} active")
 
 
 @pytest.mark.parametrize("patch,field", [
@@ -125,19 +147,29 @@ def test_operator_never_overwrites_progress(kube, operator):
     ({"worldModel": {"backend": "learned"}}, "spec.worldModel.backend"),
 ])
 def test_identity_fields_immutable_while_active(kube, operator, patch, field):
-    if kube.get("wmrlrun", "eta") is None:
-        kube.apply(run_manifest("eta"))
-        wait_for(lambda: phase(kube, "eta") in ("Pending", "Running"), what="active")
-    import json
+    ensure_active(kube, "eta")
     res = kube.run("patch", "wmrlrun", "eta", "-n", kube.ns, "--type=merge", "-p", json.dumps({"spec": patch}), check=False)
     assert res.returncode != 0
     assert field in res.stderr and "immutable" in res.stderr
 
 
 def test_mutable_fields_still_change_while_active(kube, operator):
+    """Accepted while active, and the children follow: the trainer's config and the sandbox pool."""
+    ensure_active(kube, "eta")
+    wait_for(lambda: rendered_spec(kube, "eta"), what="eta's config")
+    before = rendered_spec(kube, "eta")
+    assert (before["sandbox"]["maxReplicas"], before["algorithm"]["steps"]) != (5, 99)
+    assert kube.get("deployment", "eta-sandbox")["spec"]["replicas"] == before["sandbox"]["minReplicas"] == 1
+    assert sandbox_env(kube, "eta")["WMRL_SANDBOX_TIMEOUT_SECONDS"] != "123"
     res = kube.run("patch", "wmrlrun", "eta", "-n", kube.ns, "--type=merge", "-p",
-                   '{"spec":{"sandbox":{"maxReplicas":5},"algorithm":{"steps":99}}}', check=False)
+                   '{"spec":{"sandbox":{"minReplicas":2,"maxReplicas":5,"timeoutSeconds":123},"algorithm":{"steps":99}}}',
+                   check=False)
     assert res.returncode == 0, res.stderr
+    wait_for(lambda: rendered_spec(kube, "eta")["algorithm"]["steps"] == 99, what="steps 99 in the trainer's config")
+    after = rendered_spec(kube, "eta")["sandbox"]
+    assert (after["minReplicas"], after["maxReplicas"], after["timeoutSeconds"]) == (2, 5, 123)
+    wait_for(lambda: kube.get("deployment", "eta-sandbox")["spec"]["replicas"] == 2, what="sandbox pool at minReplicas 2")
+    assert sandbox_env(kube, "eta")["WMRL_SANDBOX_TIMEOUT_SECONDS"] == "123"
 
 
 def test_missing_referenced_objects_are_invalid_spec_and_nothing_is_created(kube, operator):

@@ -5,8 +5,9 @@ import copy
 import json
 
 import pytest
+from pydantic import ValidationError
 
-from conftest import run_manifest
+from operator_helpers import run_manifest
 from wmrl.api.schema import field_errors, parse_spec
 
 pytestmark = [pytest.mark.cluster]
@@ -56,17 +57,16 @@ def test_apiserver_rejects_bad_spec_naming_the_field(kube, patch, field):
     assert kube.get("wmrlrun", "bad") is None
 
 
-@pytest.mark.parametrize("patch,field", [(p, f) for _, p, f in BAD if f != "spec.trainer.resources.requests.memory"],
-                         ids=[i for i, _, f in BAD if f != "spec.trainer.resources.requests.memory"])
+@pytest.mark.parametrize("patch,field", [(p, f) for _, p, f in BAD], ids=[i for i, _, _ in BAD])
 def test_pydantic_rejects_the_same_specs(patch, field):
     manifest = run_manifest("bad")
     spec = merged(manifest["spec"], patch)
     if "tasks" in patch and "builtin" not in patch["tasks"]:
         spec["tasks"] = dict(patch["tasks"])
-    with pytest.raises(Exception) as exc:
+    with pytest.raises(ValidationError) as exc:
         parse_spec(spec)
-    text = " ".join(field_errors(exc.value))
-    assert field.split(".")[1] in text
+    errors = field_errors(exc.value)
+    assert any(field in error for error in errors), errors
 
 
 def test_bad_run_names_rejected(kube):

@@ -8,7 +8,7 @@ import uuid
 import httpx
 import pytest
 
-from conftest import Operator, run_manifest, wait_for
+from operator_helpers import Operator, run_manifest, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from wmrl.advantages import grpo_advantages
 from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
 from wmrl.api.schema import WMRLRunSpec
 from wmrl_trainer.grpo import completion_text, wmrl_advantages
@@ -126,6 +127,32 @@ def test_ungraded_rows_never_reach_the_loss(tmp_path):
     assert (mask[torch.tensor(ungraded)] == 0).all()
     assert (out["advantages"][torch.tensor(ungraded)] == 0).all()
     assert out["num_items_in_batch"] == out["completion_mask"].sum()
+
+
+def test_trl_trains_on_anchor_weighted_advantages_and_masks_ungraded_rows(tmp_path):
+    """wmrl mode through TRL: what TRL trains on is each group's normalised advantage, times the anchor
+    weight in anchor groups (applied after the normalisation), and zero with an empty mask where ungraded."""
+
+    class GradesEvenRowsOnly(ScriptedWorldModel):
+        def grade(self, items):
+            return [None if i % 2 else o for i, o in enumerate(super().grade(items))]
+
+    # warmup 1: the weight is frozen at targetWeight by the first anchor group, so step 0 already uses it.
+    config = run_config(tmp_path, "wmrl", steps=1, denoising={"warmup": 1, "targetWeight": 3.0})
+    trainer = build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=GradesEvenRowsOnly(),
+                            dispatcher=ScriptedExecutor())
+    out, scored_batch = train_capturing_batches(trainer)[0]
+    anchors = scored_batch.anchor_groups
+    assert anchors and len(anchors) < len(scored_batch.rewards)  # both kinds of group in the batch
+    assert scored_batch.weight == pytest.approx(3.0)
+    expected = grpo_advantages(scored_batch.rewards)
+    expected[anchors] *= scored_batch.weight
+    expected = expected.reshape(-1)
+    ungraded = np.isnan(expected)
+    assert ungraded.sum() == 2 * (len(scored_batch.rewards) - len(anchors))  # odd rows of world-model groups
+    np.testing.assert_allclose(out["advantages"].numpy(), np.where(ungraded, 0.0, expected), rtol=1e-5, atol=1e-6)
+    tokens = out["completion_mask"].sum(dim=1).numpy()
+    assert (tokens[ungraded] == 0).all() and (tokens[~ungraded] > 0).all()
 
 
 def test_mask_truncated_completions_leaves_scripts_without_eos_out_of_the_loss(tmp_path):

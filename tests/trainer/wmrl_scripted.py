@@ -19,7 +19,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import threading
-import time
 from typing import Callable, Optional
 
 import numpy as np
@@ -71,26 +70,30 @@ class ScriptedWorldModel:
 class ScriptedExecutor:
     """The dispatcher interface (``run_task``, ``demand``, ``close``) over a thread pool.
 
-    ``fail(code)`` -> the execution raises (a sandbox that is down); ``delay`` seconds of
-    simulated execution time per rollout; ``slots`` concurrent executions.
+    ``fail(code)`` -> the execution raises (a sandbox that is down); executions submitted while
+    ``release`` is an event stay busy until it is set (a slow sandbox that finishes when the
+    test says so; assign a new event to hold later executions apart); ``slots`` concurrent
+    executions.
     """
 
-    def __init__(self, slots: int = 8, delay: float = 0.0, fail: Callable[[str], bool] = lambda c: False):
+    def __init__(self, slots: int = 8, release: Optional[threading.Event] = None,
+                 fail: Callable[[str], bool] = lambda c: False):
         self.pool = cf.ThreadPoolExecutor(max_workers=slots, thread_name_prefix="scripted-sandbox")
-        self.delay, self.fail = delay, fail
+        self.release, self.fail = release, fail
         self._lock = threading.Lock()
         self._demand = 0
         self.runs: list[str] = []
 
     def run_task(self, task: Task, code: str) -> cf.Future:
+        release = self.release
         with self._lock:
             self._demand += 1
             self.runs.append(code)
 
         def run() -> Outcome:
             try:
-                if self.delay:
-                    time.sleep(self.delay)
+                if release is not None:
+                    release.wait()
                 if self.fail(code):
                     raise ConnectionError("sandbox unreachable")
                 return real_outcome(code)
