@@ -109,13 +109,14 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours = {}
+    threads = sorted({c["threads"] for c in report["cells"]})
     for c in report["cells"]:
         pts = [p for p in c.get("curve", []) if p.get("reward") is not None]
-        colour = colours.setdefault(c["threads"], f"C{len(colours)}")
+        order = threads.index(c["threads"])  # wide solid first, thinner dashed on top: equal curves stay visible
         label = f"{c['threads']} thread{'s' if c['threads'] != 1 else ''}"
-        ax.plot([p["step"] for p in pts], [p["reward"] for p in pts], color=colour, alpha=0.75, marker="o",
-                markersize=3, linestyle="-" if c["passed"] else ":",
+        ax.plot([p["step"] for p in pts], [p["reward"] for p in pts], color=f"C{order}", alpha=0.8,
+                linewidth=max(1.0, 4.0 - 1.5 * order), linestyle="-" if order == 0 else "--",
+                marker="o" if c["passed"] else "x", markersize=3 if c["passed"] else 7,
                 label=label if label not in ax.get_legend_handles_labels()[1] else None)
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out reward (real execution)")
