@@ -5,29 +5,14 @@ from __future__ import annotations
 import logging
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from wmrl_trainer.health import HealthMonitor, completion_stats, distinct_per_group, problems
+from wmrl_trainer.health import HealthMonitor, distinct_per_group, problems
 from wmrl_trainer.loop import StepRecord
 
 
 def test_distinct_per_group_counts_each_groups_distinct_scripts():
     assert distinct_per_group([["a", "a", "a", "a"], ["a", "b", "b", "c"]]) == 2.0
     assert distinct_per_group([]) is None
-
-
-@given(st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=6), min_size=1, max_size=8), st.sets(st.integers(0, 5)))
-@settings(max_examples=80, deadline=None)
-def test_completion_stats_match_a_direct_count(rows, stops):
-    truncated, mean_tokens = completion_stats(rows, stops)
-    expected_lengths, cut = [], 0
-    for row in rows:
-        ends = [i for i, t in enumerate(row) if t in stops]
-        cut += not ends
-        expected_lengths.append(ends[0] + 1 if ends else len(row))
-    assert truncated == pytest.approx(cut / len(rows))
-    assert mean_tokens == pytest.approx(sum(expected_lengths) / len(rows))
 
 
 def _record(step, distinct=6.0, truncated=0.0, entropy=1.2):

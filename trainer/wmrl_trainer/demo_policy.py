@@ -230,23 +230,19 @@ def _warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list
 
 # ---------------------------------------------------------------- cache + entry point
 
-def grammar_rules() -> dict[str, list[str]]:
-    from wmrl_trainer.tiny_coder_model import NEXT_ROLES
-
-    return {role: list(nxt) for role, nxt in NEXT_ROLES.items()}
-
-
 def recipe_hash() -> str:
     """Content hash of everything that determines the warm-started weights."""
     import tokenizers
     import torch
     import transformers
 
+    from wmrl_trainer.tiny_coder_model import NEXT_ROLES
+
     blob = json.dumps({
         "recipe": RECIPE_VERSION, "chunks": [(c.name, c.slot, c.code) for c in solutions.CHUNKS],
         "skip": solutions.SKIP_PROBABILITY, "bad": solutions.BAD_PROBABILITY, "words": PROMPT_WORDS,
         "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT,
-        "kind_match": solutions.KIND_MATCH, "grammar": grammar_rules(), "task": repr(synthetic_task(random.Random(0))),
+        "kind_match": solutions.KIND_MATCH, "grammar": NEXT_ROLES, "task": repr(synthetic_task(random.Random(0))),
         "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

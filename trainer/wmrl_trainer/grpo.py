@@ -28,8 +28,10 @@ fails loudly when they change):
 * reward functions are called as ``f(prompts=, completions=, completion_ids=, **columns)``
   and may return ``None`` for a row (TRL turns it into NaN);
 * attributes ``self.model.training``, ``self.state.global_step``, ``self.accelerator``,
-  ``self.num_generations``; ``self._metrics["train"]["entropy"]`` holds one mean entropy per
-  micro-batch of the current optimizer step until TRL logs (after ``on_step_end``);
+  ``self.num_generations``; ``self._metrics["train"]`` holds, until TRL logs (after
+  ``on_step_end``), the current optimizer step's ``entropy`` (one mean per micro-batch),
+  ``completions/mean_length`` and ``completions/clipped_ratio`` (one per generation batch;
+  a completion is clipped when it ends in no EOS of the generation config);
 * checkpointing (``wmrl_trainer.checkpoint``) uses transformers' ``Trainer.save_model``,
   ``_save_optimizer_and_scheduler``, ``_save_rng_state``, ``state.save_to_json`` and
   ``train(resume_from_checkpoint=...)``, which restores what they wrote.
@@ -49,7 +51,6 @@ from trl import GRPOTrainer
 
 from wmrl.advantages import apply_anchor_weight, grpo_advantages
 from wmrl.tasks import Task
-from wmrl_trainer.health import completion_stats
 from wmrl_trainer.loop import Scored, WMRLStep, extract_code
 
 
@@ -94,9 +95,6 @@ class WMRLGRPOTrainer(GRPOTrainer):
         scored = self.last_scored
         if scored is None:
             raise RuntimeError("the WMRL reward function was not called for this batch")
-        record = scored.record
-        record.truncated_share, record.mean_completion_tokens = completion_stats(
-            output["completion_ids"].tolist(), self._stop_ids())
         advantages, graded = wmrl_advantages(scored)
         device = output["advantages"].device
         output["advantages"] = torch.tensor(advantages, dtype=output["advantages"].dtype, device=device)
@@ -126,18 +124,10 @@ class WMRLGRPOTrainer(GRPOTrainer):
         self.last_scored, self._pending = scored, None
         return [None if np.isnan(r) else float(r) for r in scored.rewards.reshape(-1)]
 
-    def step_entropy(self) -> Optional[float]:
-        """Mean policy entropy (nats/token) of this optimizer step: TRL's per-micro-batch ``entropy`` metric, not yet logged."""
-        values = self._metrics["train"].get("entropy") or []
+    def step_metric(self, name: str) -> Optional[float]:
+        """Mean of TRL's metric ``name`` over this optimizer step (its values since TRL last logged)."""
+        values = self._metrics["train"].get(name) or []
         return float(np.mean(values)) if values else None
-
-    # ---------------------------------------------------------------- helpers
-    def _stop_ids(self) -> set[int]:
-        """Token ids that end a completion: the tokenizer's EOS and the generation config's (int or list)."""
-        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        ids = set(configured if isinstance(configured, (list, tuple)) else [configured])
-        ids.add(getattr(self.processing_class, "eos_token_id", None))
-        return {i for i in ids if i is not None}
 
     def _groups(self, texts: list[str]) -> tuple[list[Task], list[list[str]]]:
         """Rows -> (task per group, code per group row); rows of a group are consecutive (TRL's RepeatSampler)."""

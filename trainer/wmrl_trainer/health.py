@@ -6,9 +6,12 @@ advantages are zero, and nothing pulls the policy back: a collapse is silent in 
 curve until it is too late. Each step therefore records (:class:`~wmrl_trainer.loop.StepRecord`):
 
 * ``distinct_per_group``: distinct completions per group, averaged over groups (1 = collapsed);
-* ``truncated_share``: completions that hold no stop token (cut off at ``maxNewTokens``);
+* ``truncated_share``: completions that end in no stop token (cut off at ``maxNewTokens``);
 * ``mean_completion_tokens``: tokens per completion, up to and including its stop token;
 * ``entropy``: the policy's mean per-token entropy (nats) on the sampled completions.
+
+The last three are TRL's own figures for the step (``completions/clipped_ratio``,
+``completions/mean_length``, ``entropy``), read by the trainer rather than recomputed.
 
 :class:`HealthMonitor` marks a problem that lasts ``patience`` steps (``health_warning`` on the
 record and in ``status.progress.health``) and says so once when it starts and once when it
@@ -18,7 +21,7 @@ clears: the trainer logs both and ``wmrl run`` prints them above its progress ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -31,25 +34,6 @@ MAX_TRUNCATED_SHARE = 0.5
 def distinct_per_group(codes: Sequence[Sequence[str]]) -> Optional[float]:
     """Mean number of distinct completions per group."""
     return float(np.mean([len(set(group)) for group in codes])) if codes else None
-
-
-def completion_stats(completion_ids: Sequence[Sequence[int]], stop_ids: Iterable[int]) -> tuple[float, float]:
-    """(share of completions without a stop token, mean tokens per completion up to its first stop token).
-
-    A completion without a stop token counts its full width: it ran into the token limit.
-    """
-    stops = set(stop_ids)
-    truncated, lengths = 0, []
-    for row in completion_ids:
-        row = list(row)
-        first = next((i for i, token in enumerate(row) if token in stops), None)
-        if first is None:
-            truncated += 1
-            lengths.append(len(row))
-        else:
-            lengths.append(first + 1)
-    n = max(1, len(lengths))
-    return truncated / n, float(sum(lengths)) / n
 
 
 def problems(record: Any, group_size: int) -> list[str]:

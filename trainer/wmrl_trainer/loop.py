@@ -96,7 +96,7 @@ class StepRecord:
     rows: int = 0
     demand: int = 0
     calibration_stale_seconds: Optional[float] = None
-    # Policy health (wmrl_trainer.health): set by the step (distinct) and the TRL trainer (the rest).
+    # Policy health (wmrl_trainer.health): set by the step (distinct) and from TRL's step metrics (the rest).
     distinct_per_group: Optional[float] = None
     truncated_share: Optional[float] = None
     mean_completion_tokens: Optional[float] = None

@@ -273,7 +273,9 @@ class WMRLTrainer:
             record.total = now - self._step_started
             record.update = max(0.0, record.total - record.generation - record.world_model - record.execution
                                 - record.calibration)
-            record.entropy = self.grpo.step_entropy()
+            record.entropy = self.grpo.step_metric("entropy")
+            record.truncated_share = self.grpo.step_metric("completions/clipped_ratio")
+            record.mean_completion_tokens = self.grpo.step_metric("completions/mean_length")
             change = self.health.check(record)
             if change is not None:
                 log.warning("%s", change)
