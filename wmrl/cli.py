@@ -43,10 +43,10 @@ COMMANDS: tuple[Command, ...] = (
     Command(("bench", "calibration"), "wmrl.calibration.bench", "benchmark: calibration throughput and refit time"),
     Command(("bench", "sandbox"), "wmrl_sandbox.bench", "benchmark: execution overhead and throughput"),
     Command(("bench", "trainer"), "wmrl_trainer.bench", "benchmark: time per step split by phase, per mode"),
-    Command(("bench", "speedup"), "wmrl_trainer.speedup", "benchmark: WMRL against real-execution GRPO"),
-    Command(("bench", "quickstart"), "wmrl_trainer.robustness",
+    Command(("bench", "speedup"), "wmrl_bench.speedup", "benchmark: WMRL against real-execution GRPO"),
+    Command(("bench", "quickstart"), "wmrl_bench.robustness",
             "benchmark: the quickstart over seeds x torch threads; exit 1 unless every cell learns"),
-    Command(("report",), "wmrl_trainer.report", "render a speedup results JSON as a plot and a Markdown table"),
+    Command(("report",), "wmrl_bench.report", "render a speedup results JSON as a plot and a Markdown table"),
 )
 
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from wmrl_trainer import demo_policy, solutions
+from wmrl_demo import demo_policy, solutions
 
 
 def _compiles(code: str) -> bool:

@@ -10,8 +10,8 @@ import sys
 import pytest
 from hypothesis import given, strategies as st
 
-from wmrl_trainer.report import load_results, markdown_table
-from wmrl_trainer.speedup import crossing, summarize
+from wmrl_bench.report import load_results, markdown_table
+from wmrl_bench.speedup import crossing, summarize
 
 
 def _run(mode: str, seed: int, rewards: list[float], seconds_per_step: float, executions_per_step: int) -> dict:

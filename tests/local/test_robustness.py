@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from wmrl_trainer.local import run_warnings
-from wmrl_trainer.robustness import CRITERIA, judge, markdown_table, summarize
+from wmrl_bench.robustness import CRITERIA, judge, markdown_table, summarize
 
 
 def _results(rewards, distinct=None, finished=True, every=4):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from wmrl_trainer.speedup import ARMS, arm_config
+from wmrl_bench.speedup import ARMS, arm_config
 
 pytestmark = pytest.mark.slow
 

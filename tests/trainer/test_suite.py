@@ -20,8 +20,9 @@ from wmrl.api.schema import TasksSpec
 from wmrl.grading import read_submission, score
 from wmrl.outcome import Status
 from wmrl.tasks import TaskFormatError
-from wmrl_trainer import suite
-from wmrl_trainer.suite_data import MINI_ML, REFERENCE_MODELS
+from wmrl_demo import suite
+from wmrl_trainer import tasks as tasks_module
+from wmrl_demo.suite_data import MINI_ML, REFERENCE_MODELS
 
 FAMILIES = [m.family for m in REFERENCE_MODELS]
 # A leaderboard score and the same solution's score come from different processes (the build
@@ -222,9 +223,9 @@ def test_unknown_builtin_suite_names_the_field(tmp_path):
 # ------------------------------------------------------------------ sources
 
 def test_load_tasks_builtin_and_path(tasks, tmp_path):
-    assert [t.name for t in suite.load_tasks(TasksSpec(builtin="mini-ml"), Runtime())] == [t.name for t in tasks]
+    assert [t.name for t in tasks_module.load_tasks(TasksSpec(builtin="mini-ml"), Runtime())] == [t.name for t in tasks]
     shutil.copytree(suite.builtin_suite_dir("mini-ml") / "iris", tmp_path / "mine" / "iris")
-    loaded = suite.load_tasks(TasksSpec(path=str(tmp_path / "mine")), Runtime())
+    loaded = tasks_module.load_tasks(TasksSpec(path=str(tmp_path / "mine")), Runtime())
     assert [t.name for t in loaded] == ["iris"]
     assert loaded[0].data == next(t for t in tasks if t.name == "iris").data
 
@@ -232,7 +233,7 @@ def test_load_tasks_builtin_and_path(tasks, tmp_path):
 def test_load_tasks_from_a_pvc_mount(tmp_path):
     for name in ("wine", "moons"):
         shutil.copytree(suite.builtin_suite_dir("mini-ml") / name, tmp_path / name)
-    loaded = suite.load_tasks(TasksSpec(pvc="my-tasks"), Runtime(tasks_dir=str(tmp_path)))
+    loaded = tasks_module.load_tasks(TasksSpec(pvc="my-tasks"), Runtime(tasks_dir=str(tmp_path)))
     assert [t.name for t in loaded] == ["moons", "wine"]
 
 
@@ -246,26 +247,26 @@ def test_load_tasks_from_a_mounted_config_map(tasks, tmp_path):
     os.symlink(real.name, tmp_path / "..data")
     for key in os.listdir(real):
         os.symlink(f"..data/{key}", tmp_path / key)
-    loaded = suite.load_tasks(TasksSpec(config_map="iris-task"), Runtime(tasks_dir=str(tmp_path)))
+    loaded = tasks_module.load_tasks(TasksSpec(config_map="iris-task"), Runtime(tasks_dir=str(tmp_path)))
     assert len(loaded) == 1 and loaded[0].name == "iris"
     assert loaded[0].hidden_labels == iris.hidden_labels and loaded[0].leaderboard == iris.leaderboard
 
 
 def test_load_tasks_errors_name_the_source(tmp_path):
     with pytest.raises(TaskFormatError, match="configMap"):
-        suite.load_tasks(TasksSpec(config_map="x"), Runtime(tasks_dir=str(tmp_path / "absent")))
+        tasks_module.load_tasks(TasksSpec(config_map="x"), Runtime(tasks_dir=str(tmp_path / "absent")))
     with pytest.raises(TaskFormatError, match="no task directories"):
-        suite.load_tasks(TasksSpec(path=str(tmp_path)), Runtime())
+        tasks_module.load_tasks(TasksSpec(path=str(tmp_path)), Runtime())
 
 
 def test_held_out_selection(tasks):
-    train, held = suite.split_held_out(tasks, ["wine", "friedman3"])
+    train, held = tasks_module.split_held_out(tasks, ["wine", "friedman3"])
     assert [t.name for t in held] == ["friedman3", "wine"]
     assert len(train) == len(tasks) - 2 and not {"wine", "friedman3"} & {t.name for t in train}
     with pytest.raises(TaskFormatError, match="heldOut.*'nope'"):
-        suite.split_held_out(tasks, ["nope"])
+        tasks_module.split_held_out(tasks, ["nope"])
     with pytest.raises(TaskFormatError, match="every task is held out"):
-        suite.split_held_out(tasks[:2], [t.name for t in tasks[:2]])
+        tasks_module.split_held_out(tasks[:2], [t.name for t in tasks[:2]])
 
 
 def test_reference_predictions_are_not_constant(tasks):

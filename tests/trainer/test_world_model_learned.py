@@ -11,8 +11,8 @@ import pytest
 from suite_runs import run_in_process
 from wmrl.api.schema import WorldModelSpec
 from wmrl.outcome import BUCKET_RANK_SCORE, Outcome, Status
-from wmrl_trainer import suite
-from wmrl_trainer.suite_data import REFERENCE_MODELS
+from wmrl_demo import suite
+from wmrl_demo.suite_data import REFERENCE_MODELS
 from wmrl_trainer.world_model import build_world_model, compile_gate
 from wmrl_trainer.world_model.learned import LearnedWorldModel
 

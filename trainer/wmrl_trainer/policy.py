@@ -1,7 +1,7 @@
 """Load the policy (model + tokenizer) named by ``spec.policy.model``, and build tiny ones offline.
 
 ``spec.policy.model`` is a Hugging Face model id, a local directory, or ``builtin:<name>``
-(the CPU demo policies, delegated to :func:`wmrl_trainer.demo_policy.load_builtin`).
+(the CPU demo policies, delegated to :func:`wmrl_demo.demo_policy.load_builtin`).
 
 :func:`save_tiny_model` writes a randomly initialised Qwen2-architecture model and a
 byte-level BPE tokenizer trained on a few lines of Python to a directory, with no
@@ -41,7 +41,7 @@ def load_policy(model: str, cache_dir: str | None = None, dtype: Any = None) -> 
     if not model:
         raise ValueError("spec.policy.model: must not be empty")
     if model.startswith("builtin:"):
-        from wmrl_trainer.demo_policy import load_builtin
+        from wmrl_demo.demo_policy import load_builtin
 
         return load_builtin(model[len("builtin:"):], cache_dir)
     from transformers import AutoModelForCausalLM, AutoTokenizer

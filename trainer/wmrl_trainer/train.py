@@ -77,7 +77,7 @@ def build_world_model_from_config(config: RunConfig) -> Any:
 
 
 def load_training_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
-    from wmrl_trainer.suite import load_tasks, split_held_out
+    from wmrl_trainer.tasks import load_tasks, split_held_out
 
     return split_held_out(load_tasks(config.spec.tasks, config.runtime), config.spec.tasks.held_out)
 

@@ -1,6 +1,6 @@
 """The tiny coder's network: a Qwen2 causal LM whose next-token choices follow the script grammar.
 
-A solution script of the demo policy is ``load [preprocess] solve`` (:mod:`wmrl_trainer.solutions`).
+A solution script of the demo policy is ``load [preprocess] solve`` (:mod:`wmrl_demo.solutions`).
 The grammar is first order, so it is a fixed additive bias on the logits that depends only
 on the role of the token just read:
 

@@ -5,7 +5,7 @@ tiny coder exists so that ``wmrl run examples/quickstart.yaml`` shows WMRL learn
 laptop in minutes.
 
 * **Tokenizer** (``tokenizers`` wrapped in transformers' fast tokenizer): every code chunk
-  of :mod:`wmrl_trainer.solutions` (a few whole lines) is ONE token, so a full solution
+  of :mod:`wmrl_demo.solutions` (a few whole lines) is ONE token, so a full solution
   script is ~3 tokens. Prompt text is reduced to a handful of keywords: a normalizer
   lower-cases it and deletes every word that is not in :data:`PROMPT_WORDS` (task kind,
   metric, direction, a few generic data words), so whatever the prompt template says, the
@@ -14,7 +14,7 @@ laptop in minutes.
   No chat template on purpose: the trainer then passes prompts as plain text, tokenized
   with the ``<bos>`` the warm start saw.
 * **A script follows its grammar**, ``load [preprocess] solve``: the model's logits carry
-  it (:mod:`wmrl_trainer.tiny_coder_model`, roles from :func:`token_roles`), so no chunk can
+  it (:mod:`wmrl_demo.tiny_coder_model`, roles from :func:`token_roles`), so no chunk can
   repeat and no script can run into the token limit; and every solve chunk's id is a stop
   token of the generation config (:func:`stop_token_ids`; TRL reads the list and stops and
   masks with it). Without the grammar the policy could chain chunks without end: RL drove
@@ -24,7 +24,7 @@ laptop in minutes.
   grammar as a fixed logit bias (``TinyCoderForCausalLM``, registered with transformers'
   Auto classes so TRL's KL reference model is built with the same grammar).
 * **Warm start**: a short supervised stage on random solution scripts
-  (:func:`wmrl_trainer.solutions.sample_script`: good and bad choices mixed, the estimator
+  (:func:`wmrl_demo.solutions.sample_script`: good and bad choices mixed, the estimator
   leaning only weakly towards the task's kind) for made-up tasks' prompts, so the starting policy writes code that mostly compiles but lands on every
   rung of the reward ladder; RL has to learn which estimator suits which task.
   The result is cached under ``<cache_dir>/tiny-coder-<content hash>/``: the hash covers
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from wmrl.cache import cache_root
-from wmrl_trainer import solutions
+from wmrl_demo import solutions
 
 RECIPE_VERSION = "4"
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
@@ -108,7 +108,7 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
 # ---------------------------------------------------------------- model
 
 def token_roles(tokenizer: Any) -> list[str]:
-    """The grammar role of every token id (:mod:`wmrl_trainer.tiny_coder_model`): a chunk's slot, ``eos``, or ``prompt``."""
+    """The grammar role of every token id (:mod:`wmrl_demo.tiny_coder_model`): a chunk's slot, ``eos``, or ``prompt``."""
     roles = ["prompt"] * len(tokenizer)
     for chunk in solutions.CHUNKS:
         roles[tokenizer.convert_tokens_to_ids(chunk.code)] = chunk.slot
@@ -120,7 +120,7 @@ def build_model(tokenizer: Any, seed: int = 0) -> Any:
     """The tiny coder's network, randomly initialised, with the script grammar built in."""
     import torch
 
-    from wmrl_trainer.tiny_coder_model import TinyCoderConfig, TinyCoderForCausalLM
+    from wmrl_demo.tiny_coder_model import TinyCoderConfig, TinyCoderForCausalLM
 
     h = MODEL_SIZES["hidden"]
     config = TinyCoderConfig(
@@ -150,11 +150,11 @@ def synthetic_task(rng: random.Random) -> Any:
     the keywords the model sees come in the same order and number as for real tasks (an
     earlier, shorter template left the policy fragile on real prompts: the first RL update
     broke it). The warm start pairs such prompts with random scripts that lean only weakly
-    towards the task's kind of estimator (:data:`wmrl_trainer.solutions.KIND_MATCH`): RL has to learn the
+    towards the task's kind of estimator (:data:`wmrl_demo.solutions.KIND_MATCH`): RL has to learn the
     rest. No real task (held out or not) is used.
     """
     from wmrl.tasks import Task
-    from wmrl_trainer.suite import describe
+    from wmrl_demo.suite import describe
 
     kind = rng.choice(sorted(_KINDS))
     metric = rng.choice(_KINDS[kind])
@@ -236,7 +236,7 @@ def recipe_hash() -> str:
     import torch
     import transformers
 
-    from wmrl_trainer.tiny_coder_model import NEXT_ROLES
+    from wmrl_demo.tiny_coder_model import NEXT_ROLES
 
     blob = json.dumps({
         "recipe": RECIPE_VERSION, "chunks": [(c.name, c.slot, c.code) for c in solutions.CHUNKS],
@@ -285,7 +285,7 @@ def load_builtin(name: str, cache_dir: str | Path | None = None) -> tuple[Any, A
     """(model, tokenizer) of builtin policy ``name`` (``tiny-coder``), warm-started and cached."""
     from transformers import PreTrainedTokenizerFast
 
-    from wmrl_trainer.tiny_coder_model import TinyCoderForCausalLM
+    from wmrl_demo.tiny_coder_model import TinyCoderForCausalLM
 
     path = builtin_path(name, cache_dir)
     # Not AutoTokenizer: for a directory whose config.json says qwen2, transformers 5 builds a

@@ -1,6 +1,6 @@
 """The bundled "mini-ml" suite: which datasets, which metrics, which reference solutions.
 
-Pure data plus small deterministic generators; :mod:`wmrl_trainer.suite` turns them into
+Pure data plus small deterministic generators; :mod:`wmrl_demo.suite` turns them into
 task directories. Every dataset is either bundled with scikit-learn (no download) or
 synthetic with a fixed seed, and small enough that a real solution trains in about a
 second on one core. The tasks are chosen so that the best model family differs between

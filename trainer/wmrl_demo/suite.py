@@ -1,4 +1,4 @@
-"""Task suites: the bundled "mini-ml" competitions and loading tasks from a path, PVC or ConfigMap.
+"""The bundled "mini-ml" task suite (loading tasks from a path, PVC or ConfigMap is :mod:`wmrl_trainer.tasks`).
 
 The bundled suite is built on first use into a cache directory, in the task directory
 format of :mod:`wmrl.tasks`, and loaded back with :func:`wmrl.tasks.load_suite`. Building
@@ -17,14 +17,14 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from wmrl.cache import cache_root
 from wmrl.grading import score
-from wmrl.tasks import METRICS_HIGHER_IS_BETTER, Task, TaskFormatError, from_files, load_suite
-from wmrl_trainer.suite_data import MINI_ML, REFERENCE_BY_FAMILY, REFERENCE_MODELS, DatasetSpec
+from wmrl.tasks import METRICS_HIGHER_IS_BETTER, Task, load_suite
+from wmrl_demo.suite_data import MINI_ML, REFERENCE_BY_FAMILY, REFERENCE_MODELS, DatasetSpec
 
 SUITE_VERSION = "1"
 SUITES: dict[str, tuple[DatasetSpec, ...]] = {"mini-ml": MINI_ML}
@@ -180,55 +180,6 @@ def builtin_suite(name: str = "mini-ml", cache_dir: str | Path | None = None) ->
 def reference_scores(name: str, task: str, cache_dir: str | Path | None = None) -> dict[str, float]:
     """Reference family -> test score for one bundled task (the leaderboard, with names)."""
     return json.loads((builtin_suite_dir(name, cache_dir) / task / REFERENCE_FILE).read_text())
-
-
-# ---------------------------------------------------------------- loading
-
-def _load_config_map_dir(directory: Path) -> list[Task]:
-    """One task from a mounted ConfigMap: files named like ``data__train.csv`` ('/' written as '__')."""
-    if not directory.is_dir():
-        raise TaskFormatError(f"spec.tasks.configMap: {directory} is not a mounted directory")
-    files = {p.name.replace("__", "/"): p.read_bytes()
-             for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith("..")}
-    return [from_files(files, where=f"configMap mounted at {directory}")]
-
-
-def load_tasks(tasks_spec, runtime=None, cache_dir: str | Path | None = None) -> list[Task]:
-    """Every task of ``spec.tasks`` (a :class:`wmrl.api.schema.TasksSpec`).
-
-    builtin -> the bundled suite (built on first use); path -> a directory of task folders;
-    pvc -> the claim mounted at ``runtime.tasks_dir`` (default ``/tasks``); configMap -> one
-    task whose keys are mounted as files at ``runtime.tasks_dir``.
-    """
-    mounted = Path(getattr(runtime, "tasks_dir", None) or "/tasks")
-    if tasks_spec.builtin:
-        tasks = builtin_suite(tasks_spec.builtin, cache_dir)
-    elif tasks_spec.path:
-        tasks = load_suite(tasks_spec.path)
-    elif tasks_spec.pvc:
-        tasks = load_suite(mounted)
-    elif tasks_spec.config_map:
-        tasks = _load_config_map_dir(mounted)
-    else:
-        raise TaskFormatError("spec.tasks: set exactly one of builtin, path, pvc, configMap")
-    names = [t.name for t in tasks]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise TaskFormatError(f"spec.tasks: duplicate task names {duplicates}")
-    return tasks
-
-
-def split_held_out(tasks: Iterable[Task], held_out: Sequence[str]) -> tuple[list[Task], list[Task]]:
-    """(training tasks, held-out tasks); an unknown held-out name is an error naming it."""
-    tasks = list(tasks)
-    names = {t.name for t in tasks}
-    unknown = sorted(set(held_out) - names)
-    if unknown:
-        raise TaskFormatError(f"spec.tasks.heldOut: unknown task(s) {unknown}; tasks are {sorted(names)}")
-    train = [t for t in tasks if t.name not in held_out]
-    if not train:
-        raise TaskFormatError("spec.tasks.heldOut: every task is held out; nothing left to train on")
-    return train, [t for t in tasks if t.name in held_out]
 
 
 # ---------------------------------------------------------------- solutions

@@ -239,7 +239,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from wmrl_trainer import report
+    from wmrl_bench import report
     from wmrl_trainer.local import quiet_libraries
 
     quiet_libraries()

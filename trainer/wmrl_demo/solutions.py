@@ -6,7 +6,7 @@ is assembled from three slots, each filled by one *chunk* (a few whole lines of 
 
   load -> [preprocess] -> solve      (solve = build an estimator, fit it, write predictions)
 
-Every chunk is one token of the demo policy's vocabulary (:mod:`wmrl_trainer.demo_policy`),
+Every chunk is one token of the demo policy's vocabulary (:mod:`wmrl_demo.demo_policy`),
 so a whole script is ~3 tokens and CPU RL is fast. Besides good chunks the library holds
 plausible mistakes that land on every rung of the reward ladder: a syntax error, a wrong
 path or a misspelt method (runtime error), printing a score instead of writing the
