@@ -41,6 +41,9 @@ BAD = [
     ("bad-calibration-name", {"calibration": {"name": "Not_A_Name"}}, "spec.calibration.name"),
     ("unknown-field", {"sandbox": {"replicas": 3}}, "spec.sandbox.replicas"),
     ("wrong-type", {"algorithm": {"steps": "many"}}, "spec.algorithm.steps"),
+    ("learn-online-llm", {"worldModel": {"backend": "llm", "learnOnline": True}}, "spec.worldModel.learnOnline"),
+    ("optimism-llm", {"worldModel": {"backend": "llm", "optimism": 0.2}}, "spec.worldModel.optimism"),
+    ("optimism>1", {"worldModel": {"backend": "learned", "optimism": 1.5}}, "spec.worldModel.optimism"),
     ("checkpoint-relative-path", {"trainer": {"checkpoint": {"path": "ckpt"}}}, "spec.trainer.checkpoint.path"),
 ]
 

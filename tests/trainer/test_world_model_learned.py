@@ -179,3 +179,35 @@ def test_optional_minilm_embeddings_extend_the_features(corpus):
     np.testing.assert_allclose(after, _rewards(b, held_out)[0], rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="feature set"):
         LearnedWorldModel(seed=0).load_state_dict(a.state_dict())
+
+
+def test_the_spec_default_is_the_papers_frozen_judge(corpus):
+    frozen = build_world_model(WorldModelSpec(backend="learned"), None)
+    online = build_world_model(WorldModelSpec(backend="learned", learn_online=True), None)
+    pairs = [(t, c) for t, c, _ in corpus]
+    before = frozen.predict_reward(pairs)[0]
+    for task, code, outcome in corpus[:30]:
+        frozen.observe(task, code, outcome)
+        online.observe(task, code, outcome)
+    np.testing.assert_array_equal(before, frozen.predict_reward(pairs)[0])
+    assert frozen.stats["observed"] == 0 and online.stats["observed"] == 30
+    assert not np.array_equal(before, online.predict_reward(pairs)[0])
+
+
+def test_optimism_grows_with_complexity(corpus):
+    from wmrl_demo import solutions
+    from wmrl_trainer.world_model.features import code_facts
+    from wmrl_trainer.world_model.learned import complexity
+
+    def script(*names):
+        return solutions.render([solutions.BY_NAME[n] for n in names])
+
+    simple, elaborate = script("load", "linreg"), script("load", "poly_features", "rf_reg")
+    assert 0.0 <= complexity(code_facts(simple)) < complexity(code_facts(elaborate)) <= 1.0
+    task = next(t for t, _, _ in corpus if t.kind == "regression")
+    plain = LearnedWorldModel(seed=0, learn_online=False)
+    biased = LearnedWorldModel(seed=0, learn_online=False, optimism=0.3)
+    lift = {code: biased.prior_reward(task, code) - plain.prior_reward(task, code) for code in (simple, elaborate)}
+    assert 0.0 <= lift[simple] < lift[elaborate] <= 0.3 + 1e-12
+    with pytest.raises(ValueError, match="optimism"):
+        LearnedWorldModel(seed=0, optimism=1.5)

@@ -65,6 +65,20 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         }
     ],
+    ("worldModel",): [
+        {
+            "rule": "!has(self.learnOnline) || !self.learnOnline || (has(self.backend) && self.backend == 'learned')",
+            "message": "spec.worldModel.learnOnline: only the learned backend learns online",
+            "fieldPath": ".learnOnline",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": "!has(self.optimism) || self.optimism == 0.0 || (has(self.backend) && self.backend == 'learned')",
+            "message": "spec.worldModel.optimism: only the learned backend has an optimism setting",
+            "fieldPath": ".optimism",
+            "reason": "FieldValueInvalid",
+        },
+    ],
     ("tasks",): [
         {
             "rule": "[has(self.builtin), has(self.path), has(self.pvc), has(self.configMap)].filter(x, x).size() == 1",

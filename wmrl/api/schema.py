@@ -110,6 +110,21 @@ class WorldModelSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     sampling: WorldModelSampling = Field(default_factory=WorldModelSampling)
     timeout_seconds: float = Field(60.0, gt=0, le=3600)
+    learn_online: bool = Field(
+        False, description="learned backend only: correct the judge online from anchor outcomes (beyond the paper, "
+                           "whose judge is frozen; the corrections then have less to do).")
+    optimism: float = Field(
+        0.0, ge=0, le=1, description="learned backend only: extra optimism of the judge, times the script's complexity "
+                                     "(model family and size, preprocessing), added to its expected reward. A benchmark knob: "
+                                     "how biased a frozen judge is.")
+
+    @model_validator(mode="after")
+    def _learned_only(self) -> "WorldModelSpec":
+        if self.backend != "learned" and self.learn_online:
+            raise ValueError("spec.worldModel.learnOnline: only the learned backend learns online")
+        if self.backend != "learned" and self.optimism:
+            raise ValueError("spec.worldModel.optimism: only the learned backend has an optimism setting")
+        return self
 
 
 class TasksSpec(_Model):

@@ -4,7 +4,7 @@ Backends share one interface (:class:`WorldModel`) and the compile gate:
 
 * ``llm`` (the paper's): an OpenAI-compatible endpoint (vLLM), guided JSON, top-k predictions;
 * ``transformers``: the same prompt and parsing, generated in-process (CPU);
-* ``learned``: a biased static judge corrected online from anchor outcomes.
+* ``learned``: a biased static judge, frozen or (``learnOnline``) corrected online from anchor outcomes.
 
 Backends are imported lazily, so the llm backend never imports torch.
 """
@@ -36,5 +36,7 @@ def build_world_model(spec: Any, runtime: Any = None, policy_model: Optional[str
     if spec.backend == "learned":
         from wmrl_trainer.world_model.learned import LearnedWorldModel
 
+        kwargs.setdefault("learn_online", spec.learn_online)
+        kwargs.setdefault("optimism", spec.optimism)
         return LearnedWorldModel(seed=seed, **kwargs)
     raise ValueError(f"spec.worldModel.backend: unknown backend {spec.backend!r}")

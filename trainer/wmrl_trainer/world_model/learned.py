@@ -1,6 +1,7 @@
-"""A world model that learns online from anchor outcomes (beyond the paper; the CPU runs use it).
+"""A world model for CPU runs: a biased judge, frozen (the paper's setting) or learning online.
 
-Two parts, blended:
+Two parts, blended (the ensemble only with ``learn_online``, ``spec.worldModel.learnOnline``,
+beyond the paper):
 
 * a **prior judge**: static rules over the code's facts (:mod:`.features`), with the
   realistic, imperfect knowledge of an LLM reviewer. It is deliberately *biased*: it
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -66,11 +68,34 @@ def _unit_normals(*parts: str, n: int = 2) -> np.ndarray:
     return np.random.default_rng(int.from_bytes(digest, "little")).standard_normal(n)
 
 
-class PriorJudge:
-    """Static rules with a complexity bias and hash-seeded noise (see the module docstring)."""
+# How complex a script looks, per part (each in [0, 1]); see :func:`complexity`.
+FAMILY_COMPLEXITY = {"boosting": 1.0, "extra-trees": 0.9, "random-forest": 0.9, "mlp": 0.9, "svm": 0.6, "knn": 0.4,
+                     "tree": 0.3, "naive-bayes": 0.2, "linear": 0.2, "dummy": 0.0, None: 0.0}
+_COMPLEXITY_WEIGHTS = {"family": 0.5, "size": 0.25, "preprocessing": 0.25}
 
-    def __init__(self, seed: int = 0, quality_noise: float = 0.15, reward_noise: float = 0.05):
+
+def complexity(facts: CodeFacts) -> float:
+    """How elaborate a script looks to a reviewer, in [0, 1]: the model family, its size
+    (estimators, log scale) and the preprocessing in front of it. The optimism of a biased
+    judge grows with it: elaborate code looks better than it scores."""
+    size = min(1.0, math.log10(max(1, facts.max_estimators)) / 3.0)
+    preprocessing = min(1.0, 0.5 * facts.scaler + 1.0 * ("PolynomialFeatures" in facts.calls))
+    parts = {"family": FAMILY_COMPLEXITY.get(facts.main_family, 0.0), "size": size, "preprocessing": preprocessing}
+    return float(sum(_COMPLEXITY_WEIGHTS[k] * v for k, v in parts.items()))
+
+
+class PriorJudge:
+    """Static rules with a complexity bias and hash-seeded noise (see the module docstring).
+
+    ``optimism`` adds ``optimism x complexity(script)`` to the expected reward: the
+    pre-registered bias strengths of the speedup benchmark (``spec.worldModel.optimism``).
+    """
+
+    def __init__(self, seed: int = 0, quality_noise: float = 0.15, reward_noise: float = 0.05, optimism: float = 0.0):
+        if not 0.0 <= optimism <= 1.0:
+            raise ValueError(f"optimism must be in [0, 1], got {optimism}")
         self.seed, self.quality_noise, self.reward_noise = seed, quality_noise, reward_noise
+        self.optimism = optimism
 
     def judge(self, task: Task, code: str, facts: CodeFacts) -> Judgement:
         p_rt = 0.05
@@ -98,7 +123,7 @@ class PriorJudge:
         quality = float(np.clip(quality + self.quality_noise * z[0], 0.0, 1.0))
         r_valid = VALID_BASE + VALID_SPAN * quality
         mean = p_rt * LADDER[Status.RUNTIME_ERR] + p_no * LADDER[Status.RAN_NO_SUB] + p_valid * r_valid
-        mean = float(np.clip(mean + self.reward_noise * z[1], 0.0, 1.0))
+        mean = float(np.clip(mean + self.reward_noise * z[1] + self.optimism * complexity(facts), 0.0, 1.0))
         var = (p_rt * (LADDER[Status.RUNTIME_ERR] - mean) ** 2 + p_no * (LADDER[Status.RAN_NO_SUB] - mean) ** 2
                + p_valid * ((r_valid - mean) ** 2 + (VALID_SPAN * self.quality_noise) ** 2))
         return Judgement(p_rt, p_no, quality, mean, float(var))
@@ -153,12 +178,14 @@ class LearnedWorldModel(GatedWorldModel):
     """
 
     def __init__(self, seed: int = 0, members: int = 8, prior_strength: float = 20.0, continuous: bool = False,
-                 judge: Optional[PriorJudge] = None, embeddings: bool | CodeEmbedder = False):
+                 judge: Optional[PriorJudge] = None, embeddings: bool | CodeEmbedder = False, learn_online: bool = True,
+                 optimism: float = 0.0):
         super().__init__()
         if members < 2:
             raise ValueError("members must be at least 2 (the spread is the variance)")
         self.seed, self.members, self.prior_strength, self.continuous = seed, members, prior_strength, continuous
-        self.judge = judge or PriorJudge(seed)
+        self.learn_online = learn_online
+        self.judge = judge or PriorJudge(seed, optimism=optimism)
         self._rng = np.random.default_rng([seed, 17])
         self.embedder = CodeEmbedder(seed=seed) if embeddings is True else (embeddings or None)
         self.dim = N_FEATURES + (self.embedder.dims if self.embedder else 0)
@@ -250,8 +277,9 @@ class LearnedWorldModel(GatedWorldModel):
     # -------------------------------------------------------------- learning
 
     def observe(self, task: Task, code: str, real_outcome: Optional[Outcome]) -> None:
-        """Learn from one real outcome; ungraded executions (None) and non-compiling code teach nothing."""
-        if real_outcome is None or task.kind not in self._models:
+        """Learn from one real outcome; ungraded executions (None) and non-compiling code teach nothing,
+        and a frozen judge (``learn_online=False``, the paper's) nothing at all."""
+        if not self.learn_online or real_outcome is None or task.kind not in self._models:
             return
         try:
             compile(code, "main.py", "exec", dont_inherit=True)
