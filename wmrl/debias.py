@@ -5,7 +5,9 @@ Anchor groups are graded twice, by the world model (``wm``) and by real executio
 most recent pairs in a FIFO buffer and fit a *monotone* map on them by bucketed
 isotonic regression:
 
-1. split ``[0, 1]`` into ``bins`` equal-width bins (the last one closed);
+1. split ``[0, 1]`` into ``bins`` equal-width bins, bin ``k`` = ``[k/bins, (k+1)/bins)``
+   with the last one closed (:func:`bin_index`; a value on an edge, such as the ladder
+   rung 0.6, lands in the bin it starts, whatever the float rounding);
 2. for each populated bin take the mean world-model reward ``x_b``, the mean real
    reward ``y_b`` and the count ``n_b``;
 3. pool adjacent violators over ``y_b`` weighted by ``n_b`` until non-decreasing;
@@ -37,6 +39,7 @@ __all__ = [
     "OnlineDebiaser",
     "apply_map",
     "bias_diagnostic",
+    "bin_index",
     "check_rewards",
     "fit_bucketed_isotonic",
     "pool_adjacent_violators",
@@ -108,10 +111,25 @@ class CalibrationMap:
         return cls(x, y)
 
 
+BIN_DECIMALS = 9
+"""``value * bins`` is rounded to this many decimals before its floor is taken (see :func:`bin_index`)."""
+
+
+def bin_index(values: Any, bins: int) -> np.ndarray:
+    """The equal-width bin of each value on [0, 1]: bin ``k`` is ``[k/bins, (k+1)/bins)``, 1.0 in the last.
+
+    Robust to float rounding: a value that is an edge in decimal (``0.6`` with 10 bins,
+    whose float is a hair below 6/10, or a sum like ``0.5 + 0.5 * 0.2``) lands in the bin
+    that edge starts, because ``value * bins`` is rounded to :data:`BIN_DECIMALS` decimals
+    before the floor. Indices are clipped to ``[0, bins - 1]``. Values must be finite.
+    """
+    scaled = np.round(np.asarray(values, dtype=float) * int(bins), BIN_DECIMALS)
+    return np.clip(np.floor(scaled), 0, int(bins) - 1).astype(np.int64)
+
+
 def bin_statistics(wm: np.ndarray, env: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean ``wm``, mean ``env`` and count of every populated equal-width bin on [0, 1]."""
-    inner_edges = np.linspace(0.0, 1.0, bins + 1)[1:-1]
-    index = np.searchsorted(inner_edges, wm, side="right")
+    """Mean ``wm``, mean ``env`` and count of every populated equal-width bin on [0, 1] (:func:`bin_index`)."""
+    index = bin_index(wm, bins)
     counts = np.bincount(index, minlength=bins).astype(float)
     sum_x = np.bincount(index, weights=wm, minlength=bins)
     sum_y = np.bincount(index, weights=env, minlength=bins)
@@ -180,7 +198,6 @@ class OnlineDebiaser:
         if bins < 2 or min_pairs < 1 or refit_every < 1 or buffer_size < 1:
             raise ValueError("need bins >= 2, min_pairs >= 1, refit_every >= 1, buffer_size >= 1")
         self.bins, self.min_pairs, self.refit_every, self.buffer_size = bins, min_pairs, refit_every, buffer_size
-        self._inner_edges = np.linspace(0.0, 1.0, bins + 1)[1:-1]
         self._clear()
         self.since_fit = 0
         self.fits = 0
@@ -235,7 +252,7 @@ class OnlineDebiaser:
             self._start, self._end = 0, keep
         self._wm[self._end:self._end + m] = wm
         self._env[self._end:self._end + m] = env
-        self._bin[self._end:self._end + m] = np.searchsorted(self._inner_edges, wm, side="right")
+        self._bin[self._end:self._end + m] = bin_index(wm, self.bins)
         self._end += m
         self.group_sizes.extend(sizes)
         evicted = max(0, len(self) - self.buffer_size) + (n - m)
@@ -299,7 +316,7 @@ class OnlineDebiaser:
         self._clear()
         m = len(wm)
         self._wm[:m], self._env[:m] = wm, env
-        self._bin[:m] = np.searchsorted(self._inner_edges, wm, side="right")
+        self._bin[:m] = bin_index(wm, self.bins)
         self._end = m
         self.group_sizes = deque(sizes)
         self.since_fit = int(data["sinceFit"])

@@ -5,8 +5,8 @@ where ``V_E`` is the variance of a really-executed one and ``s^2`` the measured
 disagreement between the calibrated world model and the truth. Fusing the two
 estimates by inverse variance gives anchor rows the weight ``1 + c s^2``.
 
-Per anchor group, with ``d`` the calibrated world-model rewards and ``r`` the real
-rewards (population variance, means inside the group)::
+Per anchor group, with ``d`` the world-model rewards the trainer trains on and ``r`` the
+real rewards (population variance, means inside the group)::
 
     s^2 = mean(((d - mean d) - (r - mean r))^2) / Var(r)      (skipped when Var(r) = 0)
 
@@ -15,6 +15,11 @@ groups (``alpha = 1 - 2^(-1/halfLife)``; the first group initialises it). After
 ``warmup`` groups the constant is frozen so that the weight equals ``target`` at
 that moment, ``c = (target - 1) / s^2``; from then on ``w = clip(1 + c s^2, 1,
 maxWeight)``. Before that ``w`` is exactly 1.
+
+``d`` is the calibrated world-model reward when debiasing is enabled (the paper: as the
+map removes bias, the disagreement and the weight relax), and the raw one when it is
+not, since then the trainer trains on raw rewards; ``wmrl.calibration.state`` chooses by
+its config's ``debiasing_enabled``.
 """
 
 from __future__ import annotations

@@ -254,3 +254,172 @@ def test_anchor_wait_long_enough_uses_real_rewards_as_usual(sandbox_gates):
     scored = run(step, 1)[0]
     assert scored.anchor_groups and scored.record.late_anchors == 0 and scored.record.dropped_anchors == 0
     np.testing.assert_allclose(scored.rewards[scored.anchor_groups], real_rewards(0)[scored.anchor_groups])
+
+
+# ---------------------------------------------------------------- failed rows of an anchor group
+
+
+class RecordingCalibration(LocalCalibration):
+    """A local calibration that records every ``observe`` payload and can force the anchor weight."""
+
+    def __init__(self, config: CalibrationConfig = CalibrationConfig(), weight: float | None = None):
+        super().__init__(config)
+        self.payloads: list[list[dict]] = []
+        self.forced_weight = weight
+
+    def observe(self, groups):
+        self.payloads.append(groups)
+        super().observe(groups)
+
+    @property
+    def weight(self) -> float:
+        return super().weight if self.forced_weight is None else self.forced_weight
+
+
+def _row_fails(groups_rows: dict[str, set[str]]):
+    """``fail(code)`` for ScriptedExecutor: the rows (``"row3"``, or ``"*"`` for all) of the named groups."""
+    def fail(code: str) -> bool:
+        _, group, row = code.split("-")
+        rows = groups_rows.get(group, set())
+        return "*" in rows or row in rows
+    return fail
+
+
+def test_an_anchor_group_with_failed_rows_keeps_its_other_rows():
+    executor = ScriptedExecutor(fail=_row_fails({"group0": {"row3"}, "group1": {"row0", "row5"}, "group2": {"*"}}))
+    cal = RecordingCalibration(weight=3.0)
+    step = wmrl_step(executor=executor, cal=cal, fraction=1.0)
+    scored = run(step, 1)[0]
+    real = real_rewards(0)
+    failed = {(0, 3), (1, 0), (1, 5)}
+
+    # group 2 (no row executed) is the only group dropped; groups 0 and 1 stay anchors
+    assert scored.anchor_groups == [0, 1, *range(3, B)]
+    assert scored.record.dropped_anchors == 1 and scored.record.anchor_groups == B - 1
+    assert scored.record.failed_executions == len(failed) + G and scored.record.executions == B * G
+    np.testing.assert_allclose(scored.rewards[2], scored.calibrated[2])  # dropped: on world-model rewards
+    for g in scored.anchor_groups:
+        for i in range(G):
+            if (g, i) in failed:
+                assert np.isnan(scored.rewards[g, i]) and np.isnan(scored.real[g, i])  # ungraded, not WM
+            else:
+                assert scored.rewards[g, i] == pytest.approx(real[g, i])
+    assert scored.record.ungraded == len(failed)
+
+    # only executed rows give pairs; a group's pairs stay together as one group; group 2 sends none
+    (payload,) = cal.payloads
+    assert [p["task"] for p in payload] == [f"task-{g}" for g in scored.anchor_groups]
+    by_task = {p["task"]: p for p in payload}
+    ok0 = [i for i in range(G) if i != 3]
+    np.testing.assert_allclose(by_task["task-0"]["wm"], scored.world_model[0, ok0])
+    np.testing.assert_allclose(by_task["task-0"]["env"], real[0, ok0])
+    assert len(by_task["task-1"]["wm"]) == len(by_task["task-1"]["env"]) == G - 2
+    assert all(not np.isnan(v) for p in payload for side in ("wm", "env") for v in p[side])
+    assert cal.view()["pairsSeen"] == (B - 1) * G - len(failed)
+
+    # the learned world model observes only real outcomes
+    observed = {code for _, code, _ in step.world_model.observed}
+    expected = {codes_for(0)[g][i] for g in scored.anchor_groups for i in range(G) if (g, i) not in failed}
+    assert observed == expected
+
+
+def test_the_anchor_weight_reaches_only_graded_anchor_rows():
+    from wmrl.advantages import grpo_advantages
+    from wmrl_trainer.grpo import wmrl_advantages
+
+    executor = ScriptedExecutor(fail=_row_fails({"group0": {"row3"}, "group1": {"*"}}))
+    step = wmrl_step(executor=executor, cal=RecordingCalibration(weight=3.0), fraction=1.0)
+    scored = run(step, 1)[0]
+    assert scored.weight == 3.0 and scored.anchor_groups == [0, *range(2, B)]
+    advantages, graded = wmrl_advantages(scored)
+    advantages, graded = advantages.reshape(B, G), graded.reshape(B, G)
+    plain = grpo_advantages(scored.rewards)
+    assert not graded[0, 3] and advantages[0, 3] == 0.0  # the failed row: out of the loss, never weighted
+    assert graded.sum() == B * G - 1
+    rows = [i for i in range(G) if i != 3]
+    np.testing.assert_allclose(advantages[0, rows], 3.0 * plain[0, rows])  # normalised over its 7 graded rows
+    np.testing.assert_allclose(advantages[1], plain[1])  # the dropped group: world-model rewards, weight 1
+    np.testing.assert_allclose(advantages[2:], 3.0 * plain[2:])
+
+
+def test_late_anchor_groups_keep_their_executed_rows(sandbox_gates):
+    first_gate = sandbox_gates()
+    executor = ScriptedExecutor(slots=64, release=first_gate)  # ``fail`` is read when an execution runs
+    cal = RecordingCalibration()
+    step = wmrl_step(executor=executor, cal=cal, anchor_wait=0.0, fraction=0.5)
+    tasks = make_tasks(B)
+    first_pending = step.submit(0, tasks, codes_for(0))
+    first = step.score(first_pending)
+    late = first_pending.anchors
+    assert first.record.late_anchors == len(late) == 4
+    # step 0's executions: the first late group loses row 1 only, the other late groups lose every row
+    fail = _row_fails({f"group{late[0]}": {"row1"}, **{f"group{g}": {"*"} for g in late[1:]}})
+    executor.fail = lambda code: code.startswith("step0-") and fail(code)
+    executor.release = sandbox_gates()
+    first_gate.set()
+    cf.wait(list(first_pending.executions.values()))
+    second = step.score(step.submit(1, tasks, codes_for(1)))
+    assert second.record.late_folded == 1 and second.record.dropped_anchors == 3
+    (payload,) = cal.payloads
+    assert payload == [{"task": f"task-{late[0]}",
+                        "wm": [first.world_model[late[0], i] for i in range(G) if i != 1],
+                        "env": [real_rewards(0)[late[0], i] for i in range(G) if i != 1]}]
+    observed = {code for _, code, _ in step.world_model.observed}
+    assert observed == {codes_for(0)[late[0]][i] for i in range(G) if i != 1}
+    executor.close()
+
+
+# ---------------------------------------------------------------- disagreement on the scores trained on
+
+
+class AffineWorldModel(ScriptedWorldModel):
+    """World-model reward = 0.5 * real + 0.4: a constant monotone bias, no noise."""
+
+    def predicted_score(self, code: str) -> float:
+        real = 0.5 + 0.5 * quality(code)
+        return 2.0 * (0.5 * real + 0.4) - 1.0  # the rank score whose ladder reward is 0.5 * real + 0.4
+
+
+def _disagreement_after(alg, steps: int = 16) -> LocalCalibration:
+    import dataclasses
+
+    config = dataclasses.replace(CalibrationConfig.from_spec(alg), min_pairs=64, refit_every=32, warmup=8,
+                                 half_life=16.0)
+    cal = LocalCalibration(config)
+    step = wmrl_step(wm=AffineWorldModel(), cal=cal, alg=alg, fraction=0.5)
+    records = run(step, steps)
+    last = records[-1]
+    scored_on = last.calibrated if alg.debiasing.enabled else last.world_model
+    np.testing.assert_allclose(last.rewards[[g for g in range(B) if g not in last.anchor_groups]],
+                               scored_on[[g for g in range(B) if g not in last.anchor_groups]])
+    return cal
+
+
+def test_debiasing_off_measures_the_disagreement_of_raw_world_model_rewards():
+    cal = _disagreement_after(algorithm(debiasing={"enabled": False}))
+    view = cal.view()
+    assert view["map"] is not None  # still fitted and reported, only not applied
+    # centred(0.5 r + 0.4) - centred(r) = -0.5 centred(r): s^2 = 0.25 in every group
+    assert view["disagreement"] == pytest.approx(0.25, abs=1e-4)
+    assert view["weight"] == pytest.approx(2.0, abs=1e-3)  # frozen at the target, raw disagreement unchanged
+
+
+def test_debiasing_on_measures_the_disagreement_after_calibration():
+    cal = _disagreement_after(algorithm())
+    view = cal.view()
+    assert view["map"] is not None
+    assert view["disagreement"] < 0.1  # the map removes most of the bias the raw scores carry (0.25)
+    assert view["config"].get("debiasingEnabled", True) is True
+
+
+def test_a_calibration_measuring_other_scores_is_reported(caplog):
+    alg = algorithm(debiasing={"enabled": False})
+    step = wmrl_step(alg=alg, cal=calibration(debiasing_enabled=True))
+    with caplog.at_level("WARNING", logger="wmrl.trainer.loop"):
+        run(step, 2)
+    assert sum("measures the anchor disagreement on calibrated" in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
+    step = wmrl_step(alg=alg, cal=calibration(debiasing_enabled=False))
+    with caplog.at_level("WARNING", logger="wmrl.trainer.loop"):
+        run(step, 2)
+    assert not any("anchor disagreement" in r.getMessage() for r in caplog.records)

@@ -142,7 +142,8 @@ def calibration_flags(algorithm: Any) -> list[str]:
     d, n = algorithm.debiasing, algorithm.denoising
     return ["--bins", str(d.bins), "--min-pairs", str(d.min_pairs), "--refit-every", str(d.refit_every),
             "--buffer-size", str(d.buffer_size), "--target-weight", str(n.target_weight),
-            "--max-weight", str(n.max_weight), "--half-life", str(n.half_life), "--warmup", str(n.warmup)]
+            "--max-weight", str(n.max_weight), "--half-life", str(n.half_life), "--warmup", str(n.warmup),
+            "--debiasing-enabled", "true" if d.enabled else "false"]
 
 
 class LocalServices:

@@ -8,12 +8,16 @@ One step, mode ``wmrl`` (``docs/trainer.md`` has the timeline):
    thread (every bundled backend applies the compile gate first), so grading, sandbox execution and whatever the
    trainer does next (TRL's reference log-probs) overlap.
 2. :meth:`WMRLStep.score`: waits for the world model, then for the anchors (bounded by
-   a deadline); anchor groups whose execution failed or timed out are dropped for this
-   step (they fall back to world-model rewards; counted). (WM, real) pairs of anchor
-   groups go to the calibration (non-blocking); the learned world model observes the
-   real outcomes. Rewards: anchor groups -> real; other groups -> calibrated WM
-   (``debiasing.enabled``) or raw WM; the anchor weight comes from the calibration
-   (``denoising.enabled``, else 1).
+   a deadline); a row whose execution failed or timed out is ungraded (NaN, left out of
+   the loss, counted in ``failed_executions``) and its group stays an anchor group on the
+   real rewards of its other rows; only a group none of whose rows was executed is
+   dropped for this step (it falls back to world-model rewards; ``dropped_anchors``).
+   The (WM, real) pairs of the executed rows go to the calibration (non-blocking); the
+   learned world model observes their real outcomes. Rewards: anchor groups -> real
+   (NaN on failed rows); other groups -> calibrated WM (``debiasing.enabled``) or raw
+   WM; the anchor weight comes from the calibration (``denoising.enabled``, else 1),
+   which measures the disagreement on the same scores (its config's
+   ``debiasingEnabled``, set from ``debiasing.enabled``; a mismatch is logged).
 
 Off the critical path (``anchor_wait`` seconds, opt-in): in mode ``wmrl`` the trainer
 waits at most that long for anchors after the world model is done. Anchor groups not
@@ -164,6 +168,21 @@ def _reward_or_nan(outcome: Optional[Outcome]) -> float:
     return float("nan") if outcome is None else float(outcome.reward)
 
 
+def _calibration_payload(groups: list[tuple]) -> list[dict]:
+    """``calibration.observe`` groups from (task, codes, wm, real, outcomes): only rows graded by both.
+
+    A row whose execution failed (real NaN) or that the world model did not grade (wm NaN)
+    has no pair; the group's other pairs stay together as one group, and a group left
+    without a pair is not sent.
+    """
+    payload = []
+    for task, _, wm, real, _ in groups:
+        both = ~(np.isnan(wm) | np.isnan(real))
+        if both.any():
+            payload.append({"task": task.name, "wm": wm[both].tolist(), "env": real[both].tolist()})
+    return payload
+
+
 class WMRLStep:
     """Grades batches of groups for one mode. Not thread-safe: one batch at a time (submit, then score)."""
 
@@ -189,6 +208,7 @@ class WMRLStep:
         self.execution_timeout = float(execution_timeout)
         self.anchor_wait = None if anchor_wait is None else max(0.0, float(anchor_wait))
         self._late: list[_LateGroup] = []
+        self._scores_checked = False
         self.clock = clock
         if self.mode is not Mode.REAL and world_model is None:
             raise ValueError(f"spec.mode {self.mode.value!r} needs a world model (spec.worldModel)")
@@ -270,18 +290,21 @@ class WMRLStep:
             record.sandbox_seconds = float(sum(pending.durations.values()))
 
         t0 = self.clock()
-        anchors = [g for g in pending.anchors if g not in late and not any(key[0] == g for key in failed)]
+        # An anchor group stays an anchor while at least one of its rows was executed: its failed rows
+        # are ungraded (NaN), the others keep their real rewards. Only a group with no executed row is dropped.
+        anchors = [g for g in pending.anchors
+                   if g not in late and any((g, i) not in failed for i in range(group_size))]
         for g in late:  # real results still coming: fold them into calibration when they arrive
             self._late.append(_LateGroup(pending, g, wm[g].copy(), self.clock() + self.execution_timeout))
         record.late_anchors = len(late)
         record.dropped_anchors = len(pending.anchors) - len(anchors) - len(late) if self.mode is Mode.WMRL else 0
-        groups = [(pending.tasks[g], pending.codes[g], wm[g], real[g], [outcomes[(g, i)] for i in range(group_size)])
+        groups = [(pending.tasks[g], pending.codes[g], wm[g], real[g], [outcomes.get((g, i)) for i in range(group_size)])
                   for g in anchors]
         groups += self._fold_late(record)
         calibrated = wm.copy()
         weight = 1.0
         if self.mode is Mode.WMRL:
-            payload = [{"task": task.name, "wm": w.tolist(), "env": r.tolist()} for task, _, w, r, _ in groups]
+            payload = _calibration_payload(groups)
             if payload:
                 self.calibration.observe(payload)
             if self.algorithm.debiasing.enabled:
@@ -289,6 +312,7 @@ class WMRLStep:
             if self.algorithm.denoising.enabled:
                 weight = float(self.calibration.weight)
             view = self.calibration.view()
+            self._check_measured_scores(view)
             bias = view.get("bias") or {}
             record.bias_reduction = bias.get("reduction")
             record.calibration_stale_seconds = self.calibration.stale_seconds
@@ -298,7 +322,8 @@ class WMRLStep:
             t0 = self.clock()
             for task, codes, _, _, group_outcomes in groups:
                 for code, outcome in zip(codes, group_outcomes):
-                    self.world_model.observe(task, code, outcome)
+                    if outcome is not None:  # a failed execution has no real outcome to learn from
+                        self.world_model.observe(task, code, outcome)
             record.world_model += self.clock() - t0
 
         if self.mode is Mode.REAL:
@@ -352,7 +377,11 @@ class WMRLStep:
         return real, outcomes, failed, late
 
     def _fold_late(self, record: StepRecord) -> list[tuple]:
-        """Late anchor groups whose executions have all finished, as (task, codes, wm, real, outcomes); drops expired ones."""
+        """Late anchor groups whose executions have all finished, as (task, codes, wm, real, outcomes); drops expired ones.
+
+        As for a group on time, failed rows are left out (outcome ``None``, real reward NaN) and the
+        group is dropped only when none of its rows was executed.
+        """
         ready, waiting = [], []
         for item in self._late:
             futures = [item.pending.executions[(item.group, i)] for i in range(len(item.wm))]
@@ -361,8 +390,8 @@ class WMRLStep:
                 with item.pending.lock:
                     record.sandbox_seconds += sum(item.pending.durations.get((item.group, i), 0.0)
                                                   for i in range(len(futures)))
-                if all(o is not None for o in outcomes):
-                    real = np.array([o.reward for o in outcomes], dtype=float)
+                if any(o is not None for o in outcomes):
+                    real = np.array([_reward_or_nan(o) for o in outcomes], dtype=float)
                     ready.append((item.pending.tasks[item.group], item.pending.codes[item.group], item.wm, real, outcomes))
                 else:
                     record.dropped_anchors += 1
@@ -375,6 +404,25 @@ class WMRLStep:
         self._late = waiting
         record.late_folded = len(ready)
         return ready
+
+    def _check_measured_scores(self, view: dict) -> None:
+        """Warn once when the calibration measures the disagreement on other scores than this trainer uses.
+
+        The service measures it on calibrated world-model rewards unless its config says
+        ``debiasingEnabled: false`` (set from ``spec.algorithm.debiasing.enabled`` when the
+        state is created; a stored state keeps its own config).
+        """
+        if self._scores_checked or not self.algorithm.denoising.enabled or self.calibration.stale_seconds is None:
+            return  # no weight used, or no answer from the service yet (its view is the default one)
+        self._scores_checked = True
+        measured_calibrated = bool((view.get("config") or {}).get("debiasingEnabled", True))
+        if measured_calibrated != bool(self.algorithm.debiasing.enabled):
+            log.warning("the calibration measures the anchor disagreement on %s world-model rewards but this run "
+                        "trains on %s ones (spec.algorithm.debiasing.enabled=%s): the anchor weight follows the "
+                        "wrong scores; the calibration's config comes from the run that created its state",
+                        "calibrated" if measured_calibrated else "raw",
+                        "calibrated" if self.algorithm.debiasing.enabled else "raw",
+                        str(self.algorithm.debiasing.enabled).lower())
 
     def _demand(self) -> int:
         try:

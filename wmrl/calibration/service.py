@@ -246,11 +246,24 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-weight", type=float, default=d.max_weight, help="weight cap (default %(default)s)")
     parser.add_argument("--half-life", type=float, default=d.half_life, help="disagreement half-life in groups (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=d.warmup, help="groups before c is frozen (default %(default)s)")
+    parser.add_argument("--debiasing-enabled", type=_on_off, default=d.debiasing_enabled, metavar="{true,false}",
+                        help="whether trainers apply the map (spec.algorithm.debiasing.enabled): the disagreement is "
+                             "measured on calibrated (true) or raw (false) world-model rewards (default %(default)s)")
+
+
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "on", "yes", "1"):
+        return True
+    if value in ("false", "off", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def config_from_args(args: argparse.Namespace) -> CalibrationConfig:
     return CalibrationConfig(args.bins, args.min_pairs, args.refit_every, args.buffer_size,
-                             args.target_weight, args.max_weight, args.half_life, args.warmup)
+                             args.target_weight, args.max_weight, args.half_life, args.warmup,
+                             args.debiasing_enabled)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -46,7 +46,13 @@ class StateError(ValueError):
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    """The knobs of debiasing and denoising; defaults are the paper's (same as the WMRLRun schema)."""
+    """The knobs of debiasing and denoising; defaults are the paper's (same as the WMRLRun schema).
+
+    ``debiasing_enabled`` says which world-model rewards the trainers train on (the run's
+    ``spec.algorithm.debiasing.enabled``), and so which ones the disagreement ``s^2`` of
+    the anchor weight is measured on: calibrated ones (``True``, the paper) or raw ones
+    (``False``: the map is still fitted and reported, but trainers do not apply it).
+    """
 
     bins: int = 10
     min_pairs: int = 200
@@ -56,21 +62,30 @@ class CalibrationConfig:
     max_weight: float = 4.0
     half_life: float = 64.0
     warmup: int = 32
+    debiasing_enabled: bool = True
 
     def __post_init__(self) -> None:
         # Building the two halves validates every field with one message each.
         OnlineDebiaser(self.bins, self.min_pairs, self.refit_every, self.buffer_size)
         DisagreementWeighter(self.target_weight, self.max_weight, self.half_life, self.warmup)
+        if not isinstance(self.debiasing_enabled, bool):
+            raise ValueError(f"debiasingEnabled must be true or false, got {self.debiasing_enabled!r}")
 
     @classmethod
     def from_spec(cls, algorithm: Any) -> "CalibrationConfig":
         """From a ``wmrl.api.schema.AlgorithmSpec`` (or anything with its two sub-objects)."""
         d, n = algorithm.debiasing, algorithm.denoising
         return cls(d.bins, d.min_pairs, d.refit_every, d.buffer_size,
-                   n.target_weight, n.max_weight, float(n.half_life), n.warmup)
+                   n.target_weight, n.max_weight, float(n.half_life), n.warmup, bool(d.enabled))
 
     def to_json(self) -> dict[str, Any]:
-        return {_camel(k): v for k, v in asdict(self).items()}
+        """camelCase JSON; ``debiasingEnabled`` only when false, so that the JSON of a default
+        config (the operator's ``$WMRL_CALIBRATION_CONFIG``, stored states) is what older
+        services read."""
+        out = {_camel(k): v for k, v in asdict(self).items()}
+        if out["debiasingEnabled"]:
+            del out["debiasingEnabled"]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "CalibrationConfig":
@@ -187,6 +202,9 @@ class CalibrationState:
     def _fold(self, wm: np.ndarray, env: np.ndarray, sizes: list[int]) -> None:
         """Fold consecutive groups in, exactly as one ``observe_group`` + disagreement after another.
 
+        The disagreement is measured on the world-model rewards the trainers use: calibrated
+        (``config.debiasing_enabled``) or raw.
+
         Vectorised between refits: the map only changes at the group boundary where a
         refit falls due, so the groups before it are pushed in one go and measured with
         the map they saw; the group that triggered the refit is measured with the new map.
@@ -205,11 +223,15 @@ class CalibrationState:
             a, b = int(offsets[i]), int(offsets[j + 1])
             self.pairs_evicted += deb.append_groups(wm[a:b], env[a:b], sizes[i:j + 1])
             before = deb.map
-            calibrated = wm[a:b].copy() if before is None else np.interp(wm[a:b], before.x, before.y)
-            if due and deb.refit():
-                last = int(offsets[j])
-                calibrated[last - a:] = np.interp(wm[last:b], deb.map.x, deb.map.y)
-            s2 = disagreements_of_groups(calibrated, env[a:b], np.asarray(sizes[i:j + 1]))
+            refitted = due and deb.refit()
+            if not self.config.debiasing_enabled:  # trainers train on raw WM rewards: measure those
+                used = wm[a:b]
+            else:  # trainers train on calibrated WM rewards: measure those, with the map each group saw
+                used = wm[a:b].copy() if before is None else np.interp(wm[a:b], before.x, before.y)
+                if refitted:
+                    last = int(offsets[j])
+                    used[last - a:] = np.interp(wm[last:b], deb.map.x, deb.map.y)
+            s2 = disagreements_of_groups(used, env[a:b], np.asarray(sizes[i:j + 1]))
             for value in s2.tolist():
                 if value != value:  # NaN: degenerate group, skipped
                     self.groups_skipped += 1
