@@ -114,3 +114,44 @@ def test_every_script_ends_in_one_solve_chunk_that_fits_and_writes():
 def test_unknown_builtin_is_an_error_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match="spec.policy.model"):
         demo_policy.load_builtin("huge-coder", tmp_path)
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_warm_start_seed_names_its_own_cache_directory_and_seed_zero_keeps_the_old_name(tmp_path):
+    base = f"tiny-coder-{demo_policy.recipe_hash()}"
+    assert demo_policy.cache_name("tiny-coder") == demo_policy.cache_name("tiny-coder", 0) == base
+    assert demo_policy.cache_name("tiny-coder", 1) == base + "-w1"
+    assert demo_policy.cache_name("tiny-coder", 12) == base + "-w12"
+    assert demo_policy.sft_seed(0) == demo_policy.SFT["seed"]
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="warm_start_seed"):
+            demo_policy.builtin_path("tiny-coder", tmp_path, warm_start_seed=bad)
+    assert not any(tmp_path.iterdir())  # nothing built for an invalid seed
+
+
+@pytest.mark.slow
+def test_warm_start_seeds_give_their_own_deterministic_policies(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    base = f"tiny-coder-{demo_policy.recipe_hash()}"
+    zero, _ = demo_policy.load_builtin("tiny-coder", tmp_path / "a")
+    assert demo_policy.builtin_path("tiny-coder", tmp_path / "a") == tmp_path / "a" / base
+    one, _ = demo_policy.load_builtin("tiny-coder", tmp_path / "a", warm_start_seed=1)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [base, base + "-w1"]
+    again, _ = demo_policy.load_builtin("tiny-coder", tmp_path / "b", warm_start_seed=1)  # a second, independent build
+    w0, w1 = _weights(zero), _weights(one)
+    assert not _same(w0, w1)
+    assert _same(w1, _weights(again))
+    # Seed 0 is the recipe as it was before warm-start seeds existed: SFT["seed"] for init, examples and order.
+    tok = demo_policy.build_tokenizer()
+    legacy = demo_policy.build_model(tok, seed=demo_policy.SFT["seed"])
+    examples = demo_policy.sft_examples(tok, demo_policy.SFT["examples"], demo_policy.SFT["seed"])
+    demo_policy.warm_start(legacy, tok, examples, demo_policy.SFT["steps"], demo_policy.SFT["batch"],
+                           demo_policy.SFT["lr"], demo_policy.SFT["seed"])
+    assert _same(w0, _weights(legacy))

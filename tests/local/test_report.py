@@ -11,38 +11,43 @@ import pytest
 from hypothesis import given, strategies as st
 
 from wmrl_bench.report import load_results, markdown_table
-from wmrl_bench.speedup import crossing, summarize
+from pathlib import Path
 
 
-def _run(mode: str, seed: int, rewards: list[float], seconds_per_step: float, executions_per_step: int) -> dict:
-    curve = [{"step": 5 * i, "reward": r, "wall_clock_s": 5 * i * seconds_per_step,
-              "executions": 5 * i * executions_per_step} for i, r in enumerate(rewards)]
-    return {"mode": mode, "seed": seed, "wall_clock_s": curve[-1]["wall_clock_s"],
-            "executions": curve[-1]["executions"],
-            "held_out": {"curve": curve, "initial_reward": rewards[0], "final_reward": rewards[-1]}}
+from wmrl_bench.speedup import ABLATION_ORDER, crossing, level_summary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(arm: str, seed: int, rewards: list[float], cost_per_eval: float, executions_per_eval: int) -> dict:
+    curve = [{"cost_s": cost_per_eval * i, "reward": r, "executions": executions_per_eval * i, "step": 5 * i}
+             for i, r in enumerate(rewards)]
+    return {"arm": arm, "seed": seed, "curve": curve, "initial_reward": rewards[0], "final_reward": rewards[-1],
+            "steps": 5 * (len(rewards) - 1), "cost_s": curve[-1]["cost_s"], "compute_s": 1.0, "judge_s": 0.0,
+            "executions_s": 1.0, "executions": curve[-1]["executions"]}
 
 
 def _bench() -> dict:
-    runs = {
-        "real": [_run("real", s, [0.3, 0.4, 0.5 + 0.02 * s], 10.0, 32) for s in range(2)],
-        "wmrl": [_run("wmrl", s, [0.3, 0.5, 0.55], 3.0, 8) for s in range(2)],
-        "worldModel": [_run("worldModel", s, [0.3, 0.35, 0.35], 1.0, 0) for s in range(2)],
-    }
-    return summarize(runs)
+    """A v2 results JSON (one bias level) from synthetic runs."""
+    runs = {"real": [_run("real", s, [0.3, 0.4, 0.5 + 0.02 * s], 50.0, 160) for s in range(2)],
+            "worldModel": [_run("worldModel", s, [0.3, 0.35, 0.35], 5.0, 0) for s in range(2)]}
+    for k, arm in enumerate(ABLATION_ORDER):
+        runs[arm] = [_run(arm, s, [0.3, 0.5, 0.55 + 0.01 * k + 0.001 * s], 50.0, 40) for s in range(3)]
+    level = level_summary(runs, budget=100.0)
+    return {"version": 2, "budget_s": 100.0, "real_steps": 10, "slots": 2, "judge_cost": 1.0,
+            "headline_optimism": 0.2, "levels": {"0.2": level}, **{k: level[k] for k in ("target_reward", "speedup", "arms")}}
 
 
-def test_summarize_targets_the_real_arms_final_reward():
+def test_level_summary_targets_the_real_arms_final_reward():
     out = _bench()
     assert out["target_reward"] == pytest.approx(0.51)
     real, wmrl, wm = out["arms"]["real"], out["arms"]["wmrl"], out["arms"]["worldModel"]
-    assert real["time_to_target_s"] == pytest.approx(100.0)  # reached at its last evaluation
-    # wmrl: 0.3 -> 0.5 at 15 s, 0.55 at 30 s; 0.51 is 1/5 of the way from 15 s to 30 s.
-    assert wmrl["time_to_target_s"] == pytest.approx(18.0)
-    assert wmrl["executions_to_target"] == pytest.approx(48.0)
-    assert out["speedup"] == pytest.approx(100.0 / 18.0)
-    assert wm["time_to_target_s"] is None and wm["executions_to_target"] is None
+    assert real["time_to_target_s"] == pytest.approx(100.0, abs=1e-6)  # reached at its last evaluation
+    # wmrl: 0.3 -> 0.5 at 50 s, 0.58 at 100 s; 0.51 is 1/8 of the way from 50 s to 100 s.
+    assert wmrl["time_to_target_s"] == pytest.approx(50.0 + 50.0 * 0.01 / 0.0804, rel=0.02)
+    assert out["speedup"] == pytest.approx(100.0 / wmrl["time_to_target_s"])
+    assert wm["time_to_target_s"] is None and wm["executions_to_target"] is None and wm["reach_rate"] == 0.0
     assert real["final_reward"] == pytest.approx(0.51) and real["final_reward_std"] == pytest.approx(0.02 / math.sqrt(2))
-    assert wmrl["final_reward_std"] == 0.0
 
 
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=20), st.floats(0, 1))
@@ -67,13 +72,23 @@ def test_report_renders_png_and_markdown(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     table = md.read_text()
     assert table in proc.stdout + "\n"
-    assert "| GRPO, real execution (`real`) | 100.0 | 320 | 0.510 +- 0.014 | 1.00x |" in table
-    assert "| pure world model (`worldModel`) | not reached | not reached |" in table
-    assert "5.56x" in table
+    assert "| GRPO, real execution (`real`) | 10 | 100.0 | 320 | 50% | 0.510 +- 0.014 |" in table
+    assert "| pure world model (`worldModel`) | 10 | not reached | not reached | 0% |" in table
+    assert "Page's L test of none < denoise < debias < wmrl" in table and "| wmrl - none |" in table
+    assert "Judge optimism 0.2" in table and "paired bootstrap 95%" in table
+
+
+def test_report_still_renders_a_version_1_results_file(tmp_path):
+    png = tmp_path / "v1.png"
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "report", str(ROOT / "docs/img/speedup-quick.json"),
+                           "--plot", str(png)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "| GRPO, real execution (`real`) | 131.0 | 128 | 0.497 +- 0.093 | 1.00x |" in proc.stdout
+    assert png.stat().st_size > 5000
 
 
 def test_report_accepts_a_single_run_and_rejects_other_json(tmp_path):
-    run = _run("wmrl", 0, [0.3, 0.5], 2.0, 8)
+    run = _single_run("wmrl", [0.3, 0.5])
     assert list(load_results_from(tmp_path, run)["arms"]) == ["wmrl"]
     assert "0.500 +- 0.000" in markdown_table(load_results_from(tmp_path, run))
     bad = tmp_path / "bad.json"
@@ -86,3 +101,9 @@ def load_results_from(tmp_path, data):
     path = tmp_path / "one.json"
     path.write_text(json.dumps(data))
     return load_results(path)
+
+
+def _single_run(mode: str, rewards: list[float]) -> dict:
+    curve = [{"step": 5 * i, "reward": r, "wall_clock_s": 10.0 * i, "executions": 40 * i} for i, r in enumerate(rewards)]
+    return {"mode": mode, "seed": 0, "held_out": {"curve": curve, "initial_reward": rewards[0],
+                                                  "final_reward": rewards[-1]}}

@@ -150,11 +150,13 @@ class TableDispatcher:
     script's measured execution time, which the benchmark's clock charges.
     """
 
-    def __init__(self, table: OutcomeTable, sandboxes: Any = None, timeout: float = 60.0):
-        self.table, self.sandboxes, self.timeout = table, sandboxes, timeout
+    def __init__(self, table: OutcomeTable, sandboxes: Any = None, timeout: float = 60.0, live: bool = False):
+        if live and sandboxes is None:
+            raise ValueError("a live dispatcher needs sandboxes")
+        self.table, self.sandboxes, self.timeout, self.live = table, sandboxes, timeout, live
         self.hits = self.misses = 0
         self._inflight: dict[tuple[str, str], cf.Future] = {}
-        self._charged: list[tuple[Task, str]] = []
+        self._charged: list[cf.Future] = []
         self._lock = threading.Lock()
 
     @property
@@ -168,7 +170,16 @@ class TableDispatcher:
         return entry.seconds
 
     def _entry(self, task: Task, code: str) -> cf.Future:
-        """A future of the (task, code) Entry: from the table, or one execution shared by every caller."""
+        """A future of the (task, code) Entry: from the table, or one execution shared by every caller.
+
+        Live (``--live``): every call executes for real (the table only records the first outcome).
+        """
+        if self.live:
+            with self._lock:
+                self.misses += 1
+            running = _execute(self.sandboxes, task, code, self.timeout)
+            running.add_done_callback(lambda f: f.exception() is None and self.table.put(task, code, f.result()))
+            return running
         entry = self.table.get(task, code)
         if entry is not None:
             with self._lock:
@@ -199,19 +210,18 @@ class TableDispatcher:
     def take_durations(self) -> list[float]:
         """Measured seconds of every execution the trainer asked for since the last call, in order.
 
-        Call it once the trainer has its results (they are all in the table then); an
-        execution that failed has no entry and costs nothing here.
+        Call it once the trainer has its results; an execution that failed (or is still
+        running) has no measured time and costs nothing here.
         """
         with self._lock:
             charged, self._charged = self._charged, []
-        entries = [self.table.get(task, code) for task, code in charged]
-        return [e.seconds for e in entries if e is not None]
+        return [f.result().seconds for f in charged if f.done() and not f.cancelled() and f.exception() is None]
 
     def run_task(self, task: Task, code: str, run_timeout: Optional[float] = None) -> cf.Future:
-        with self._lock:
-            self._charged.append((task, code))
         result: cf.Future = cf.Future()
         source = self._entry(task, code)
+        with self._lock:
+            self._charged.append(source)
 
         def done(future: cf.Future) -> None:
             if future.exception() is not None:

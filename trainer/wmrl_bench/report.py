@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-ARM_ORDER = ("real", "worldModel", "wmrl", "none", "debias", "denoise")
+ARM_ORDER = ("real", "worldModel", "wmrl", "none", "debias", "denoise", "wmrlOnline")
 ARM_LABELS = {
     "real": "GRPO, real execution",
     "worldModel": "pure world model",
@@ -24,6 +24,7 @@ ARM_LABELS = {
     "none": "ablation: no correction",
     "debias": "ablation: debiasing only",
     "denoise": "ablation: denoising only",
+    "wmrlOnline": "WMRL, judge learning online",
 }
 
 
@@ -71,8 +72,80 @@ def _fmt(value: Optional[float], digits: int = 0, suffix: str = "") -> str:
     return f"{value:.{digits}f}{suffix}"
 
 
+def _ci(entry: Optional[dict], digits: int = 3, transform=None) -> str:
+    if not entry or entry.get("low") is None:
+        return "n/a"
+    f = transform or (lambda v: v)
+    return f"{f(entry['estimate']):.{digits}f} [{f(entry['low']):.{digits}f}, {f(entry['high']):.{digits}f}]"
+
+
+def _speedup_text(log_ci: Optional[dict]) -> str:
+    if not log_ci or log_ci.get("low") is None:
+        return "n/a"
+    def fmt(v: float) -> str:
+        if v == -math.inf:
+            return "not reached"
+        if v == math.inf:
+            return "at start"
+        return f"{math.exp(v):.2f}x"
+    return f"{fmt(log_ci['estimate'])} [{fmt(log_ci['low'])}, {fmt(log_ci['high'])}]"
+
+
+def level_markdown(level: str, summary: dict[str, Any]) -> str:
+    """One bias level: the arms at equal cost, wmrl against real with intervals, the ablation's tests."""
+    lines = [f"#### Judge optimism {level}\n", _arms_table(summary)]
+    versus = summary.get("wmrl_vs_real")
+    if versus:
+        undefined = versus["log_speedup"].get("undefined_share") or 0.0
+        lines.append(f"wmrl - real, final reward (paired bootstrap 95%, {len(versus['seeds'])} seeds): "
+                     f"{_ci(versus['final_reward_difference'])}; speedup to target: "
+                     f"{_speedup_text(versus['log_speedup'])}"
+                     + (f" ({undefined:.0%} of resamples undefined)" if undefined else "") + ".\n")
+    ablation = summary.get("ablation")
+    if ablation:
+        page = ablation["page"]
+        means = ", ".join(f"{arm} {value:.3f}" for arm, value in ablation["mean_final_reward"].items())
+        lines.append(f"Ablation ({len(ablation['seeds'])} seeds; mean final reward {means}): Page's L test of "
+                     f"{' < '.join(page['order'])}: L = {page['L']:.1f}, p = {page['p']:.3g}.\n")
+        lines += ["| pair | mean difference | p (Wilcoxon) | p (Holm) |", "| --- | ---: | ---: | ---: |"]
+        for pair in ablation["pairwise"]:
+            lines.append(f"| {pair['a']} - {pair['b']} | {pair['mean_difference']:+.4f} | {pair['p']:.3g} | "
+                         f"{pair['p_holm']:.3g} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _arms_table(summary: dict[str, Any]) -> str:
+    arms = summary["arms"]
+    real_time = arms.get("real", {}).get("time_to_target_s")
+    lines = [f"Target: the real arm's final held-out reward, {summary['target_reward']:.3f}.\n",
+             "| arm | steps | time to target (s) | executions to target | reach rate | final reward | area under curve | speedup |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name in _ordered(arms):
+        arm = arms[name]
+        t = arm.get("time_to_target_s")
+        speed = real_time / t if real_time is not None and t not in (None, 0) else None
+        reach = arm.get("reach_rate")
+        lines.append(f"| {ARM_LABELS.get(name, name)} (`{name}`) | {arm['steps']:.0f} | {_fmt(t, 1)} | "
+                     f"{_fmt(arm.get('executions_to_target'), 0)} | {'n/a' if reach is None else f'{reach:.0%}'} | "
+                     f"{arm['final_reward']:.3f} +- {arm['final_reward_std']:.3f} | {arm['auc']:.3f} | "
+                     f"{_fmt(speed, 2, 'x') if t != 0 else 'at start'} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_v2(results: dict[str, Any]) -> str:
+    lines = [f"Budget {results['budget_s']:.1f} s of modelled compute per arm (the real arm's mean cost at "
+             f"{results['real_steps']} steps; {results['slots']} sandbox slots, judge cost x{results['judge_cost']:g}). "
+             f"Headline level (pre-registered): optimism {results['headline_optimism']:g}.\n"]
+    for level, summary in results["levels"].items():
+        lines.append(level_markdown(level, summary))
+    return "\n".join(lines)
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     """The comparison in the paper's shape: arm, time and executions to target, final reward, speedup."""
+    if results.get("version") == 2:
+        return markdown_v2(results)
     arms = results["arms"]
     real_time = arms.get("real", {}).get("time_to_target_s")
     target = results.get("target_reward")
@@ -101,25 +174,29 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: str | Path) -> None:
-    """Held-out reward against training wall-clock and against real executions, mean +- std per arm."""
+    """Held-out reward against training cost (or wall-clock) and against real executions, mean +- std per arm;
+    with several bias levels, a third panel: final reward against the judge's optimism."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    levels = results.get("levels") or {}
+    fig, axes = plt.subplots(1, 3 if levels else 2, figsize=(17 if levels else 12, 4.5))
+    axes[1].sharey(axes[0])
     target = results.get("target_reward")
     for name in _ordered(results["arms"]):
         curve = results["arms"][name]["curve"]
         reward = np.asarray(curve["reward"], dtype=float)
         std = np.asarray(curve.get("reward_std") or [0.0] * len(reward), dtype=float)
-        for ax, key in ((axes[0], "wall_clock_s"), (axes[1], "executions")):
+        for ax, key in ((axes[0], "cost_s" if "cost_s" in curve else "wall_clock_s"), (axes[1], "executions")):
             x = np.asarray(curve[key], dtype=float)
             (line,) = ax.plot(x, reward, marker="o", markersize=3, label=ARM_LABELS.get(name, name),
                               linewidth=2.2 if name in ("real", "wmrl") else 1.2)
             ax.fill_between(x, reward - std, reward + std, color=line.get_color(), alpha=0.15)
-    for ax, label in ((axes[0], "training wall-clock (s)"), (axes[1], "real executions")):
+    clock = "modelled compute (s)" if results.get("version") == 2 else "training wall-clock (s)"
+    for ax, label in ((axes[0], clock), (axes[1], "real executions")):
         if target is not None:
             ax.axhline(target, color="grey", linestyle="--", linewidth=1)
         ax.set_xlabel(label)
@@ -128,7 +205,11 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     axes[1].set_xlim(left=0)  # executions are never negative (symlog would show a -10 tick)
     axes[0].set_ylabel("held-out reward (real execution)")
     axes[1].legend(fontsize=8, loc="lower right")
+    if levels:
+        _plot_levels(axes[2], levels)
     title = "WMRL vs real-execution GRPO: held-out reward"
+    if results.get("version") == 2:
+        title += f" at equal compute (judge optimism {results['headline_optimism']:g})"
     if results.get("speedup") is not None:
         title += f" (speedup to target {results['speedup']:.2f}x)"
     fig.suptitle(title)
@@ -136,6 +217,21 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_levels(ax: Any, levels: dict[str, Any]) -> None:
+    """Final reward (mean +- std over seeds) of every arm at every judge optimism level."""
+    xs = sorted(levels, key=float)
+    names = _ordered({a: None for level in levels.values() for a in level["arms"]})
+    for i, name in enumerate(names):
+        points = [(float(x), levels[x]["arms"][name]) for x in xs if name in levels[x]["arms"]]
+        offset = (i - len(names) / 2) * 0.004
+        ax.errorbar([x + offset for x, _ in points], [a["final_reward"] for _, a in points],
+                    yerr=[a["final_reward_std"] for _, a in points], marker="o", markersize=4, capsize=2,
+                    label=ARM_LABELS.get(name, name), linewidth=2.2 if name in ("real", "wmrl") else 1.0)
+    ax.set_xlabel("judge optimism (pre-registered levels)")
+    ax.set_ylabel("final held-out reward at the budget")
+    ax.grid(alpha=0.3)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,10 @@ laptop in minutes.
   (:func:`wmrl_demo.solutions.sample_script`: good and bad choices mixed, the estimator
   leaning only weakly towards the task's kind) for made-up tasks' prompts, so the starting policy writes code that mostly compiles but lands on every
   rung of the reward ladder; RL has to learn which estimator suits which task.
-  The result is cached under ``<cache_dir>/tiny-coder-<content hash>/``: the hash covers
+  ``load_builtin(..., warm_start_seed=k)`` gives a family of such policies that differ only
+  in the warm start's randomness (init, example draw, training order); 0 is the default.
+  The result is cached under ``<cache_dir>/tiny-coder-<content hash>/`` (``-w<k>`` appended
+  for warm-start seed ``k`` > 0): the hash covers
   the chunk library, the vocabulary, the model config, the SFT recipe and the library
   versions, so any change rebuilds it and an unchanged recipe loads in about a second.
 """
@@ -231,46 +234,77 @@ def _warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list
 # ---------------------------------------------------------------- cache + entry point
 
 def recipe_hash() -> str:
-    """Content hash of everything that determines the warm-started weights."""
+    """Content hash of everything that determines the warm-started weights.
+
+    Besides the recipe's data, the source of the network and of this module (tokenizer,
+    warm start): a cache built by an edited network must never be reused for another
+    (it happened once: a policy built mid-change kept loading under an unchanged hash).
+    """
     import tokenizers
     import torch
     import transformers
 
+    from wmrl_demo import tiny_coder_model
     from wmrl_demo.tiny_coder_model import NEXT_ROLES
+
+    sources = hashlib.sha256(Path(tiny_coder_model.__file__).read_bytes() + Path(__file__).read_bytes()).hexdigest()
 
     blob = json.dumps({
         "recipe": RECIPE_VERSION, "chunks": [(c.name, c.slot, c.code) for c in solutions.CHUNKS],
         "skip": solutions.SKIP_PROBABILITY, "bad": solutions.BAD_PROBABILITY, "words": PROMPT_WORDS,
         "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT,
         "kind_match": solutions.KIND_MATCH, "grammar": NEXT_ROLES, "task": repr(synthetic_task(random.Random(0))),
-        "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
+        "versions": [torch.__version__, transformers.__version__, tokenizers.__version__], "sources": sources,
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def build_tiny_coder(directory: Path) -> None:
-    """Build, warm-start and save the tiny coder into ``directory``."""
+def sft_seed(warm_start_seed: int = 0) -> int:
+    """The seed of one warm start: the recipe's ``SFT["seed"]`` for ``warm_start_seed`` 0, shifted by it otherwise.
+
+    It seeds everything random in the warm start: the model's initialisation, the draw of
+    the supervised examples and their training order.
+    """
+    if isinstance(warm_start_seed, bool) or not isinstance(warm_start_seed, int) or warm_start_seed < 0:
+        raise ValueError(f"warm_start_seed must be a non-negative integer, got {warm_start_seed!r}")
+    return SFT["seed"] + warm_start_seed
+
+
+def build_tiny_coder(directory: Path, warm_start_seed: int = 0) -> None:
+    """Build, warm-start and save the tiny coder into ``directory`` (seed: :func:`sft_seed`)."""
+    seed = sft_seed(warm_start_seed)
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=SFT["seed"])
-    examples = sft_examples(tokenizer, SFT["examples"], SFT["seed"])
-    losses = warm_start(model, tokenizer, examples, SFT["steps"], SFT["batch"], SFT["lr"], SFT["seed"])
+    model = build_model(tokenizer, seed=seed)
+    examples = sft_examples(tokenizer, SFT["examples"], seed)
+    losses = warm_start(model, tokenizer, examples, SFT["steps"], SFT["batch"], SFT["lr"], seed)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     (directory / "warm_start.json").write_text(json.dumps({"final_loss": sum(losses[-20:]) / 20, "steps": len(losses)}))
 
 
-def builtin_path(name: str, cache_dir: str | Path | None = None) -> Path:
-    """The directory holding builtin policy ``name``, built (atomically) on first use."""
+def cache_name(name: str, warm_start_seed: int = 0) -> str:
+    """The cache directory name of builtin ``name``: ``<name>-<recipe hash>``, plus ``-w<seed>`` for other warm starts.
+
+    Warm-start seed 0 is the recipe itself (the directory name and the weights this code
+    built before warm-start seeds existed); each other seed is its own policy in its own directory.
+    """
+    sft_seed(warm_start_seed)  # validates
+    suffix = f"-w{warm_start_seed}" if warm_start_seed else ""
+    return f"{name}-{recipe_hash()}{suffix}"
+
+
+def builtin_path(name: str, cache_dir: str | Path | None = None, warm_start_seed: int = 0) -> Path:
+    """The directory holding builtin policy ``name`` (warm start ``warm_start_seed``), built (atomically) on first use."""
     if name not in BUILTINS:
         raise ValueError(f"spec.policy.model: unknown builtin policy 'builtin:{name}'; builtins: {list(BUILTINS)}")
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"{name}-{recipe_hash()}"
+    target = root / cache_name(name, warm_start_seed)
     if (target / "warm_start.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-building-", dir=root))
     try:
-        build_tiny_coder(staging)
+        build_tiny_coder(staging, warm_start_seed)
         try:
             os.rename(staging, target)
         except OSError:
@@ -281,13 +315,17 @@ def builtin_path(name: str, cache_dir: str | Path | None = None) -> Path:
     return target
 
 
-def load_builtin(name: str, cache_dir: str | Path | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) of builtin policy ``name`` (``tiny-coder``), warm-started and cached."""
+def load_builtin(name: str, cache_dir: str | Path | None = None, warm_start_seed: int = 0) -> tuple[Any, Any]:
+    """(model, tokenizer) of builtin policy ``name`` (``tiny-coder``), warm-started and cached.
+
+    ``warm_start_seed`` picks one of a family of warm starts that differ only in their
+    randomness (:func:`sft_seed`); 0 is the default policy.
+    """
     from transformers import PreTrainedTokenizerFast
 
     from wmrl_demo.tiny_coder_model import TinyCoderForCausalLM
 
-    path = builtin_path(name, cache_dir)
+    path = builtin_path(name, cache_dir, warm_start_seed)
     # Not AutoTokenizer: for a directory whose config.json says qwen2, transformers 5 builds a
     # Qwen2Tokenizer and swaps in Qwen2's normalizer and pre-tokenizer, which silently deleted
     # every prompt word (the policy saw only <bos> and could not tell tasks apart).

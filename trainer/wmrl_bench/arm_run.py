@@ -1,0 +1,160 @@
+"""One run of one arm of the speedup benchmark, in its own process: train until the budget is spent.
+
+The run goes through the trainer the Job runs (:func:`wmrl_trainer.train.build_trainer`,
+TRL's GRPO, the WMRL step, an in-process calibration), with two things swapped for the
+benchmark: real executions come from the outcome table (:mod:`.outcome_table`, misses run
+for real on the sandbox servers), and the clock is :mod:`.cost`'s. After every step the
+step's cost is added up; the run evaluates the held-out tasks each time its cost crosses
+the next of ``eval_points`` equal fractions of the budget (the ``worldModel`` arm, whose
+steps cost almost nothing, at fractions of its step cap instead), and stops once it has
+spent the budget or reached its step cap.
+
+Held-out reward is exact: the expected real reward under the policy's own sampling
+distribution, summed over every script it can write for each held-out task
+(:func:`wmrl_demo.script_space.script_distribution`), with each script's real outcome from
+the table. No sampling noise, so 20 seeds measure the seeds, not the evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+
+@dataclass
+class Job:
+    arm: str
+    seed: int
+    optimism: float
+    steps: int  # the step budget (real) or the step cap (every other arm)
+    budget_s: Optional[float]  # None: run ``steps`` steps (the real arm, which sets the budget)
+    eval_points: int
+    slots: int
+    judge_cost: float
+    sandbox_urls: list[str]
+    table_path: str
+    work_dir: str
+    spec_overrides: dict[str, Any] = field(default_factory=dict)
+    threads: int = 1
+    live: bool = False  # execute every rollout on the sandboxes (no table hits): modelled vs measured cost
+
+    def name(self) -> str:
+        return f"{self.arm}-b{self.optimism:g}-s{self.seed}"
+
+
+def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: Any, dispatcher: Any) -> dict[str, Any]:
+    """Exact expected real reward over every script the policy can write, per held-out task and on average."""
+    from wmrl_demo.script_space import script_distribution
+    from wmrl_trainer.train import make_prompt
+
+    by_task, scripts, mass = {}, {}, {}
+    for task in held_out:
+        distribution = script_distribution(model, tokenizer, make_prompt(task, tokenizer),
+                                           temperature=sampling.temperature, top_p=sampling.top_p,
+                                           max_new_tokens=sampling.max_new_tokens)
+        dispatcher.fill((task, code) for code, _ in distribution)
+        by_task[task.name] = float(sum(p * dispatcher.table.get(task, code).outcome.reward for code, p in distribution))
+        scripts[task.name] = len(distribution)
+        mass[task.name] = float(sum(p for _, p in distribution))
+    return {"reward": float(np.mean(list(by_task.values()))), "by_task": by_task, "scripts": scripts, "mass": mass}
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Train one (arm, bias level, seed) until the budget or the step cap; its curve and costs."""
+    import torch
+
+    from wmrl_bench.cost import step_cost
+    from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
+    from wmrl_bench.speedup import arm_config
+    from wmrl_demo.demo_policy import load_builtin
+    from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
+    from wmrl_trainer.local import local_runtime, quiet_libraries
+    from wmrl_trainer.train import build_trainer, load_training_tasks
+
+    quiet_libraries()
+    torch.set_num_threads(job.threads)
+    started = time.perf_counter()
+    run_dir = Path(job.work_dir) / job.name()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    config = arm_config(job.arm, job.seed, job.steps, optimism=job.optimism, **job.spec_overrides)
+    config = local_runtime(config, run_dir, job.sandbox_urls, None)
+    spec = config.spec
+    tasks, held_out = load_training_tasks(config)
+    sandboxes = SandboxDispatcher(StaticEndpoints(list(job.sandbox_urls)), slots_per_pod=1,
+                                  timeout=spec.sandbox.timeout_seconds + 30) if job.sandbox_urls else None
+    dispatcher = TableDispatcher(OutcomeTable(Path(job.table_path)), sandboxes, timeout=spec.sandbox.timeout_seconds,
+                                 live=job.live)
+    if job.budget_s is None:
+        milestones = {"step": [job.steps * k / job.eval_points for k in range(1, job.eval_points + 1)], "cost": []}
+    elif spec.mode.value == "worldModel":
+        milestones = {"step": [job.steps * k / job.eval_points for k in range(1, job.eval_points + 1)], "cost": []}
+    else:
+        milestones = {"step": [], "cost": [job.budget_s * k / job.eval_points for k in range(1, job.eval_points + 1)]}
+    # cost_s: the benchmark's clock; wall_s: what the trainer measured itself (live: real waits on the sandboxes).
+    totals = {"cost_s": 0.0, "compute_s": 0.0, "judge_s": 0.0, "executions_s": 0.0, "wall_s": 0.0, "executions": 0,
+              "steps": 0}
+    curve: list[dict[str, Any]] = []
+    trainer = None
+
+    def evaluate() -> None:
+        model = trainer.grpo.accelerator.unwrap_model(trainer.grpo.model)
+        point = held_out_reward(model, trainer.grpo.processing_class, held_out, spec.policy.sampling, dispatcher)
+        point.update(step=totals["steps"], cost_s=totals["cost_s"], executions=totals["executions"])
+        curve.append(point)
+
+    def crossed(kind: str, value: float) -> bool:
+        hit = False
+        while milestones[kind] and value >= milestones[kind][0] - 1e-9:
+            milestones[kind].pop(0)
+            hit = True
+        return hit
+
+    def on_step(record: Any) -> None:
+        row = record.to_json()
+        cost = step_cost(row, dispatcher.take_durations(), job.slots, job.judge_cost)
+        totals["cost_s"] += cost.total
+        totals["compute_s"] += cost.compute
+        totals["judge_s"] += cost.judge
+        totals["executions_s"] += cost.executions
+        totals["wall_s"] += record.total
+        totals["executions"] += record.executions
+        totals["steps"] = record.step + 1
+        spent = job.budget_s is not None and spec.mode.value != "worldModel" and totals["cost_s"] >= job.budget_s
+        hit = crossed("cost", totals["cost_s"]) | crossed("step", totals["steps"])
+        if hit or spent or totals["steps"] >= job.steps:
+            evaluate()
+        if spent:
+            trainer.request_stop()
+
+    try:
+        policy = load_builtin("tiny-coder", warm_start_seed=job.seed)
+        trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
+                                callbacks=[on_step])
+        evaluate()
+        with open(run_dir / "steps.jsonl", "w") as log, contextlib.redirect_stdout(log):  # the trainer's line per step
+            trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        dispatcher.close()
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    result = {
+        "arm": job.arm, "seed": job.seed, "optimism": job.optimism,
+        "stopped_by": "budget" if job.budget_s is not None and totals["cost_s"] >= job.budget_s
+                      and spec.mode.value != "worldModel" else "steps",
+        **totals,
+        "initial_reward": curve[0]["reward"], "final_reward": curve[-1]["reward"],
+        "curve": curve,
+        "table": {"hits": dispatcher.hits, "misses": dispatcher.misses},
+        "elapsed_s": time.perf_counter() - started,
+        "job": {k: v for k, v in asdict(job).items() if k not in ("sandbox_urls", "work_dir")},
+    }
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
