@@ -101,3 +101,20 @@ def test_bench_end_to_end_extra_tiny(tmp_path):
     assert world and all(r["executions"] == 0 and r["steps"] == 6 for r in world)
     assert "ablation" in data["levels"][f"{HEADLINE_OPTIMISM:g}"]
     assert png.stat().st_size > 5000 and "Page's L test" in md.read_text()
+
+
+def test_a_finished_run_is_reused_only_for_the_same_job(tmp_path):
+    from wmrl_bench.arm_run import Job, _finished, _identity
+
+    job = Job(arm="wmrl", seed=2, optimism=0.2, steps=12, budget_s=40.0, eval_points=4, slots=2, judge_cost=1.0,
+              sandbox_urls=["http://127.0.0.1:1"], table_path="/x.jsonl", work_dir=str(tmp_path))
+    run_dir = tmp_path / job.name()
+    assert _finished(run_dir, job) is None
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text(json.dumps({"final_reward": 0.5, "job": _identity(job)}))
+    moved = Job(**{**job.__dict__, "sandbox_urls": ["http://127.0.0.1:2"], "table_path": "/y.jsonl"})
+    assert _finished(run_dir, moved)["final_reward"] == 0.5  # other services, same run
+    other = Job(**{**job.__dict__, "budget_s": 41.0})
+    assert _finished(run_dir, other) is None
+    (run_dir / "result.json").write_text('{"final_reward": 0.5, "jo')  # cut off: not finished
+    assert _finished(run_dir, job) is None

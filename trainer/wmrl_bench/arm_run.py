@@ -7,7 +7,8 @@ for real on the sandbox servers), and the clock is :mod:`.cost`'s. After every s
 step's cost is added up; the run evaluates the held-out tasks each time its cost crosses
 the next of ``eval_points`` equal fractions of the budget (the ``worldModel`` arm, whose
 steps cost almost nothing, at fractions of its step cap instead), and stops once it has
-spent the budget or reached its step cap.
+spent the budget or reached its step cap. Its ``result.json`` is written last, atomically: a
+benchmark run again with the same ``--work-dir`` reuses every run that finished.
 
 Held-out reward is exact: the expected real reward under the policy's own sampling
 distribution, summed over every script it can write for each held-out task
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -78,10 +80,13 @@ def run_job(job: Job) -> dict[str, Any]:
     from wmrl_trainer.local import local_runtime, quiet_libraries
     from wmrl_trainer.train import build_trainer, load_training_tasks
 
+    run_dir = Path(job.work_dir) / job.name()
+    done = _finished(run_dir, job)
+    if done is not None:
+        return done
     quiet_libraries()
     torch.set_num_threads(job.threads)
     started = time.perf_counter()
-    run_dir = Path(job.work_dir) / job.name()
     shutil.rmtree(run_dir, ignore_errors=True)
     config = arm_config(job.arm, job.seed, job.steps, optimism=job.optimism, **job.spec_overrides)
     config = local_runtime(config, run_dir, job.sandbox_urls, None)
@@ -154,7 +159,23 @@ def run_job(job: Job) -> dict[str, Any]:
         "curve": curve,
         "table": {"hits": dispatcher.hits, "misses": dispatcher.misses},
         "elapsed_s": time.perf_counter() - started,
-        "job": {k: v for k, v in asdict(job).items() if k not in ("sandbox_urls", "work_dir")},
+        "job": _identity(job),
     }
-    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    tmp = run_dir / ".result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, run_dir / "result.json")  # written last and atomically: its presence means the run finished
     return result
+
+
+def _identity(job: Job) -> dict[str, Any]:
+    """What makes two jobs the same run (not where its services or folders happen to be)."""
+    return {k: v for k, v in asdict(job).items() if k not in ("sandbox_urls", "work_dir", "table_path")}
+
+
+def _finished(run_dir: Path, job: Job) -> Optional[dict[str, Any]]:
+    """The result of this very job from an earlier, interrupted benchmark in the same work dir, if it finished."""
+    try:
+        result = json.loads((run_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return result if result.get("job") == json.loads(json.dumps(_identity(job))) else None

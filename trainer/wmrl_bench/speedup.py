@@ -278,7 +278,7 @@ def _jobs(arms: Sequence[str], levels: Sequence[float], seeds: int, ablation_see
     from wmrl_bench.arm_run import Job
 
     jobs = []
-    for level in levels:
+    for level in sorted(levels, key=lambda b: b != HEADLINE_OPTIMISM):  # the headline level first
         for arm in arms:
             if arm == "real":
                 continue  # the real arm has no world model: run once, shared by every level
@@ -350,7 +350,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--live", action="store_true",
                         help="instead: one seed of real and wmrl executing every rollout on live sandboxes; "
                              "reports the modelled cost against the measured wall-clock")
-    parser.add_argument("--work-dir", help="keep every run's folder here (default: a temporary folder, removed)")
+    parser.add_argument("--work-dir", help="keep every run's folder here (default: a temporary folder, removed); "
+                                           "run again with the same folder to reuse every run that finished")
     # For tests: an extra-tiny setting.
     parser.add_argument("--eval-points", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--group-size", type=int, help=argparse.SUPPRESS)
