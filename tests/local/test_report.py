@@ -11,13 +11,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from wmrl_bench.report import load_results, markdown_table
-from pathlib import Path
-
 
 from wmrl_bench.speedup import ABLATION_ORDER, crossing, level_summary
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _run(arm: str, seed: int, rewards: list[float], cost_per_eval: float, executions_per_eval: int) -> dict:
     curve = [{"cost_s": cost_per_eval * i, "reward": r, "executions": executions_per_eval * i, "step": 5 * i}
@@ -79,9 +74,15 @@ def test_report_renders_png_and_markdown(tmp_path):
 
 
 def test_report_still_renders_a_version_1_results_file(tmp_path):
-    png = tmp_path / "v1.png"
-    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "report", str(ROOT / "docs/img/speedup-quick.json"),
-                           "--plot", str(png)], capture_output=True, text=True, timeout=120)
+    """Version 1 (every arm the same steps, wall-clock curves) files stay readable."""
+    curve = {"step": [0, 8], "wall_clock_s": [0.0, 131.0], "executions": [0, 128], "reward": [0.35, 0.497],
+             "reward_std": [0.0, 0.093]}
+    arm = {"final_reward": 0.497, "final_reward_std": 0.093, "time_to_target_s": 131.0, "executions_to_target": 128,
+           "curve": curve}
+    path, png = tmp_path / "v1.json", tmp_path / "v1.png"
+    path.write_text(json.dumps({"target_reward": 0.497, "speedup": None, "arms": {"real": arm}}))
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "report", str(path), "--plot", str(png)],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "| GRPO, real execution (`real`) | 131.0 | 128 | 0.497 +- 0.093 | 1.00x |" in proc.stdout
     assert png.stat().st_size > 5000

@@ -118,3 +118,21 @@ def test_a_finished_run_is_reused_only_for_the_same_job(tmp_path):
     assert _finished(run_dir, other) is None
     (run_dir / "result.json").write_text('{"final_reward": 0.5, "jo')  # cut off: not finished
     assert _finished(run_dir, job) is None
+
+
+@pytest.mark.slow
+def test_live_mode_reports_modelled_against_measured_cost(tmp_path):
+    out = tmp_path / "live.json"
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--live", "--steps", "2",
+                           "--eval-points", "1", "--group-size", "2", "--groups-per-step", "2", "--held-out", "iris",
+                           "--sandboxes", "2", "--cap", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["live"] is True and set(data["arms"]) == {"real", "wmrl"}
+    real, wmrl = data["arms"]["real"], data["arms"]["wmrl"]
+    assert real["executions"] == 8 and real["steps"] == 2  # every rollout executed for real, twice 2 x 2
+    for arm in (real, wmrl):
+        assert arm["measured_s"] > 0 and arm["modelled_cost_s"] > 0
+        assert arm["modelled_over_measured"] == pytest.approx(arm["modelled_cost_s"] / arm["measured_s"])
+    assert all(r["table"]["hits"] == 0 for r in data["runs"])  # live: nothing served from the table

@@ -182,7 +182,7 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    levels = results.get("levels") or {}
+    levels = results.get("levels") if len(results.get("levels") or {}) > 1 else {}
     fig, axes = plt.subplots(1, 3 if levels else 2, figsize=(17 if levels else 12, 4.5))
     axes[1].sharey(axes[0])
     target = results.get("target_reward")
@@ -192,7 +192,8 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
         std = np.asarray(curve.get("reward_std") or [0.0] * len(reward), dtype=float)
         for ax, key in ((axes[0], "cost_s" if "cost_s" in curve else "wall_clock_s"), (axes[1], "executions")):
             x = np.asarray(curve[key], dtype=float)
-            (line,) = ax.plot(x, reward, marker="o", markersize=3, label=ARM_LABELS.get(name, name),
+            (line,) = ax.plot(x, reward, marker="o" if len(x) <= 12 else None, markersize=3,
+                              label=ARM_LABELS.get(name, name),
                               linewidth=2.2 if name in ("real", "wmrl") else 1.2)
             ax.fill_between(x, reward - std, reward + std, color=line.get_color(), alpha=0.15)
     clock = "modelled compute (s)" if results.get("version") == 2 else "training wall-clock (s)"
