@@ -12,7 +12,9 @@ tests that claim on this machine, at demo scale.
 | ``real`` | ``mode: real``: every rollout executed (the GRPO baseline) |
 | ``worldModel`` | ``mode: worldModel``: the judge alone, no anchors |
 | ``wmrl`` | ``mode: wmrl``, debiasing and denoising on (the paper's "both") |
-| ``none`` / ``debias`` / ``denoise`` | ``mode: wmrl`` with both, only debiasing, only denoising off... (see ARMS) |
+| ``none`` | ``mode: wmrl``, debiasing and denoising off |
+| ``debias`` | ``mode: wmrl``, debiasing only |
+| ``denoise`` | ``mode: wmrl``, denoising only |
 | ``wmrlOnline`` | ``wmrl`` with ``worldModel.learnOnline: true`` (beyond the paper) |
 
 **The judge** is the paper's: frozen (``learnOnline: false``), the ``learned`` backend's
