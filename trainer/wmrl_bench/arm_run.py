@@ -51,16 +51,20 @@ class Job:
         return f"{self.arm}-b{self.optimism:g}-s{self.seed}"
 
 
-def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: Any, dispatcher: Any) -> dict[str, Any]:
-    """Exact expected real reward over every script the policy can write, per held-out task and on average."""
+def policy_scripts(model: Any, tokenizer: Any, task: Any, sampling: Any) -> list[tuple[str, float]]:
+    """Every script the policy can write for ``task`` under the run's sampling, with its probability."""
     from wmrl_demo.script_space import script_distribution
     from wmrl_trainer.train import make_prompt
 
+    return script_distribution(model, tokenizer, make_prompt(task, tokenizer), temperature=sampling.temperature,
+                               top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens)
+
+
+def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: Any, dispatcher: Any) -> dict[str, Any]:
+    """Exact expected real reward over every script the policy can write, per held-out task and on average."""
     by_task, scripts, mass = {}, {}, {}
     for task in held_out:
-        distribution = script_distribution(model, tokenizer, make_prompt(task, tokenizer),
-                                           temperature=sampling.temperature, top_p=sampling.top_p,
-                                           max_new_tokens=sampling.max_new_tokens)
+        distribution = policy_scripts(model, tokenizer, task, sampling)
         dispatcher.fill((task, code) for code, _ in distribution)
         by_task[task.name] = float(sum(p * dispatcher.table.get(task, code).outcome.reward for code, p in distribution))
         scripts[task.name] = len(distribution)
@@ -96,12 +100,12 @@ def run_job(job: Job) -> dict[str, Any]:
                                   timeout=spec.sandbox.timeout_seconds + 30) if job.sandbox_urls else None
     dispatcher = TableDispatcher(OutcomeTable(Path(job.table_path)), sandboxes, timeout=spec.sandbox.timeout_seconds,
                                  live=job.live)
-    if job.budget_s is None:
-        milestones = {"step": [job.steps * k / job.eval_points for k in range(1, job.eval_points + 1)], "cost": []}
-    elif spec.mode.value == "worldModel":
-        milestones = {"step": [job.steps * k / job.eval_points for k in range(1, job.eval_points + 1)], "cost": []}
-    else:
-        milestones = {"step": [], "cost": [job.budget_s * k / job.eval_points for k in range(1, job.eval_points + 1)]}
+    # Runs with a budget stop when it is spent and evaluate at fractions of it; the real arm (which sets the
+    # budget) and worldModel (whose steps cost almost nothing) run to their steps and evaluate at fractions of them.
+    budgeted = job.budget_s is not None and spec.mode.value != "worldModel"
+    fractions = [k / job.eval_points for k in range(1, job.eval_points + 1)]
+    milestones = {"step": [] if budgeted else [job.steps * f for f in fractions],
+                  "cost": [job.budget_s * f for f in fractions] if budgeted else []}
     # cost_s: the benchmark's clock; wall_s: what the trainer measured itself (live: real waits on the sandboxes).
     totals = {"cost_s": 0.0, "compute_s": 0.0, "judge_s": 0.0, "executions_s": 0.0, "wall_s": 0.0, "executions": 0,
               "steps": 0}
@@ -131,7 +135,7 @@ def run_job(job: Job) -> dict[str, Any]:
         totals["wall_s"] += record.total
         totals["executions"] += record.executions
         totals["steps"] = record.step + 1
-        spent = job.budget_s is not None and spec.mode.value != "worldModel" and totals["cost_s"] >= job.budget_s
+        spent = budgeted and totals["cost_s"] >= job.budget_s
         hit = crossed("cost", totals["cost_s"]) | crossed("step", totals["steps"])
         if hit or spent or totals["steps"] >= job.steps:
             evaluate()
@@ -152,8 +156,7 @@ def run_job(job: Job) -> dict[str, Any]:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     result = {
         "arm": job.arm, "seed": job.seed, "optimism": job.optimism,
-        "stopped_by": "budget" if job.budget_s is not None and totals["cost_s"] >= job.budget_s
-                      and spec.mode.value != "worldModel" else "steps",
+        "stopped_by": "budget" if budgeted and totals["cost_s"] >= job.budget_s else "steps",
         **totals,
         "initial_reward": curve[0]["reward"], "final_reward": curve[-1]["reward"],
         "curve": curve,

@@ -146,8 +146,8 @@ class TableDispatcher:
     """The trainer's dispatcher interface (``run_task``, ``demand``, ``close``) over an outcome table.
 
     A hit completes at once; a miss is executed for real through ``sandboxes`` (a
-    :class:`wmrl_sandbox.dispatcher.SandboxDispatcher`) and stored. ``seconds_of`` gives each
-    script's measured execution time, which the benchmark's clock charges.
+    :class:`wmrl_sandbox.dispatcher.SandboxDispatcher`) and stored. :meth:`take_durations` gives
+    the measured execution times of a step's executions, which the benchmark's clock charges.
     """
 
     def __init__(self, table: OutcomeTable, sandboxes: Any = None, timeout: float = 60.0, live: bool = False):
@@ -162,12 +162,6 @@ class TableDispatcher:
     @property
     def demand(self) -> int:
         return 0
-
-    def seconds_of(self, task: Task, code: str) -> float:
-        entry = self.table.get(task, code)
-        if entry is None:
-            raise KeyError(f"no outcome for {task.name} / {code_key(code)[:12]}")
-        return entry.seconds
 
     def _entry(self, task: Task, code: str) -> cf.Future:
         """A future of the (task, code) Entry: from the table, or one execution shared by every caller.

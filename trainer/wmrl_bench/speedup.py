@@ -318,15 +318,11 @@ def _progress_line(result: dict[str, Any], done: int, total: int) -> str:
 
 def prefill_held_out(table_dispatcher: Any, held_out: Sequence[Any], sampling: Any) -> int:
     """Execute every script the policy can write for the held-out tasks once (all have probability > 0)."""
+    from wmrl_bench.arm_run import policy_scripts
     from wmrl_demo.demo_policy import load_builtin
-    from wmrl_demo.script_space import script_distribution
-    from wmrl_trainer.train import make_prompt
 
     model, tokenizer = load_builtin("tiny-coder")
-    items = [(task, code) for task in held_out
-             for code, _ in script_distribution(model, tokenizer, make_prompt(task, tokenizer),
-                                                temperature=sampling.temperature, top_p=sampling.top_p,
-                                                max_new_tokens=sampling.max_new_tokens)]
+    items = [(task, code) for task in held_out for code, _ in policy_scripts(model, tokenizer, task, sampling)]
     return table_dispatcher.fill(items)
 
 

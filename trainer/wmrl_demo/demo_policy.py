@@ -31,8 +31,8 @@ laptop in minutes.
   in the warm start's randomness (init, example draw, training order); 0 is the default.
   The result is cached under ``<cache_dir>/tiny-coder-<content hash>/`` (``-w<k>`` appended
   for warm-start seed ``k`` > 0): the hash covers
-  the chunk library, the vocabulary, the model config, the SFT recipe and the library
-  versions, so any change rebuilds it and an unchanged recipe loads in about a second.
+  the chunk library, the vocabulary, the model config, the SFT recipe, the library
+  versions and the source of the network and of this module, so any change rebuilds it and an unchanged recipe loads in about a second.
 """
 
 from __future__ import annotations
