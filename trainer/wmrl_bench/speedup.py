@@ -128,13 +128,15 @@ def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dic
 
 # ---------------------------------------------------------------- aggregation (pure)
 
-def crossing(xs: Sequence[float], ys: Sequence[Optional[float]], target: float) -> Optional[float]:
-    """The first x where the piecewise-linear curve (xs, ys) reaches ``target``; None if it never does.
+REACH_TOLERANCE = 1e-9
+"""A curve reaches a target within this much: a mean curve taken over the same finals as the
+target (the real arm's own) must reach it whatever order the floats were summed in."""
 
-    Reaching is within 1e-9: a mean curve taken over the same finals as the target (the real
-    arm's own) must reach it whatever order the floats were summed in.
-    """
-    target -= 1e-9
+
+def crossing(xs: Sequence[float], ys: Sequence[Optional[float]], target: float) -> Optional[float]:
+    """The first x where the piecewise-linear curve (xs, ys) reaches ``target`` (within
+    REACH_TOLERANCE); None if it never does."""
+    target -= REACH_TOLERANCE
     prev = None
     for x, y in zip(xs, ys):
         if y is None or (isinstance(y, float) and math.isnan(y)):
