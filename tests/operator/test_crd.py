@@ -51,6 +51,9 @@ def test_cel_rules_and_immutability():
     spec = root["properties"]["spec"]["properties"]
     assert spec["sandbox"]["x-kubernetes-validations"][0]["fieldPath"] == ".minReplicas"
     assert spec["algorithm"]["properties"]["denoising"]["x-kubernetes-validations"]
+    [wait] = spec["algorithm"]["x-kubernetes-validations"]
+    assert wait["fieldPath"] == ".anchors.waitSeconds" and "maxTurns == 1" in wait["rule"]
+    assert spec["algorithm"]["properties"]["maxTurns"]["maximum"] == 8
     assert spec["tasks"]["x-kubernetes-validations"]
 
 

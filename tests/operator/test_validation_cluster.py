@@ -45,6 +45,22 @@ BAD = [
     ("optimism-llm", {"worldModel": {"backend": "llm", "optimism": 0.2}}, "spec.worldModel.optimism"),
     ("optimism>1", {"worldModel": {"backend": "learned", "optimism": 1.5}}, "spec.worldModel.optimism"),
     ("checkpoint-relative-path", {"trainer": {"checkpoint": {"path": "ckpt"}}}, "spec.trainer.checkpoint.path"),
+    ("max-turns-0", {"algorithm": {"maxTurns": 0}}, "spec.algorithm.maxTurns"),
+    ("max-turns-9", {"algorithm": {"maxTurns": 9}}, "spec.algorithm.maxTurns"),
+    ("zero-trajectory-tokens", {"algorithm": {"maxTrajectoryTokens": 0}}, "spec.algorithm.maxTrajectoryTokens"),
+    ("wait-seconds-multi-turn", {"algorithm": {"maxTurns": 4, "anchors": {"waitSeconds": 5}}},
+     "spec.algorithm.anchors.waitSeconds"),
+    # maxTurns left out: its default (4) is multi-turn, and the apiserver defaults before it validates.
+    ("wait-seconds-default-turns", {"algorithm": {"anchors": {"waitSeconds": 0}}}, "spec.algorithm.anchors.waitSeconds"),
+    ("presence-penalty-3", {"worldModel": {"sampling": {"presencePenalty": 3}}}, "spec.worldModel.sampling.presencePenalty"),
+    ("enable-thinking-not-bool", {"worldModel": {"enableThinking": "sometimes"}}, "spec.worldModel.enableThinking"),
+]
+
+# (id, spec patch): edge cases both validators accept.
+GOOD = [
+    ("wait-seconds-single-turn", {"algorithm": {"maxTurns": 1, "anchors": {"waitSeconds": 0}}}),
+    ("max-turns-8-with-budget", {"algorithm": {"maxTurns": 8, "maxTrajectoryTokens": 4096}}),
+    ("presence-penalty-bounds", {"worldModel": {"enableThinking": False, "sampling": {"presencePenalty": -2}}}),
 ]
 
 
@@ -70,6 +86,18 @@ def test_pydantic_rejects_the_same_specs(patch, field):
         parse_spec(spec)
     errors = field_errors(exc.value)
     assert any(field in error for error in errors), errors
+
+
+@pytest.mark.parametrize("name,patch", GOOD, ids=[i for i, _ in GOOD])
+def test_apiserver_and_pydantic_accept_the_edge_cases(kube, name, patch):
+    manifest = run_manifest(name)
+    manifest["spec"] = merged(manifest["spec"], patch)
+    parse_spec(manifest["spec"])
+    res = kube.apply(manifest, check=False)
+    try:
+        assert res.returncode == 0, res.stderr
+    finally:
+        kube.run("delete", "wmrlrun", name, "-n", kube.ns, "--wait=false", check=False)
 
 
 def test_bad_run_names_rejected(kube):

@@ -15,10 +15,11 @@ from wmrl.api.runconfig import Runtime
 from wmrl.api.schema import WorldModelSpec
 from wmrl.outcome import BUCKET_RANK_SCORE, QualityBucket, Status
 from wmrl.tasks import Task
-from wmrl_trainer.prompts import outcome_json_schema, task_prompt, world_model_messages
-from wmrl_trainer.world_model import build_world_model, compile_gate
+from wmrl_trainer.prompts import outcome_json_schema, task_prompt, world_model_messages, world_model_prompt
+from wmrl_trainer.world_model import build_world_model, compile_gate, item_history, item_parts
+from wmrl_trainer.world_model.learned import LearnedWorldModel
 from wmrl_trainer.world_model.llm import LLMWorldModel
-from wmrl_trainer.world_model.parse import outcome_from_text
+from wmrl_trainer.world_model.parse import FEEDBACK_CHARS, outcome_from_text, outcomes_from_text
 
 TASK = Task(name="toy", description="Binary classification: toy rows. Metric: accuracy.", kind="classification",
             metric="accuracy", target="target",
@@ -31,9 +32,17 @@ def answer(*preds):
     return json.dumps({"predictions": list(preds)})
 
 
-def pred(status, bucket=None, error_type=None, line=None, feedback="out"):
-    return {"status": status, "error_type": error_type, "error_line": line, "quality_bucket": bucket,
+def pred(status, bucket=None, error_type=None, line=None, feedback="out", reason="because"):
+    out = {"reason": reason} if reason is not None else {}
+    return {**out, "status": status, "error_type": error_type, "error_line": line, "quality_bucket": bucket,
             "env_feedback": feedback}
+
+
+HISTORY = (("import numpy as np\nraise ValueError('first try')\n",
+            "\n[execution] status=runtime_err error=ValueError where=other quality=none\n<output>\nValueError: first try\n"
+            "</output>\n"),
+           ("import numpy as np\nprint('second try')\n",
+            "\n[execution] status=ran_no_sub error=none where=none quality=none\n<output>\nno submission.csv\n</output>\n"))
 
 
 class FakeOpenAI:
@@ -147,11 +156,31 @@ def test_parse_takes_the_top_prediction_and_maps_the_bucket():
     assert out.reward == pytest.approx(0.5 + 0.5 * 0.75)
 
 
-def test_parse_prefers_the_most_frequent_status_and_skips_bad_predictions():
+def test_parse_takes_the_first_well_formed_prediction_and_drops_repeated_statuses():
     text = answer(pred("valid", None), pred("ran_no_sub"), pred("runtime_err", None, "KeyError", 3),
-                  pred("runtime_err", None, "IndexError", 9), pred("exploded"))
-    out = outcome_from_text(text)  # 'valid' has no bucket (ill-formed), 'exploded' is no status
-    assert out.status is Status.RUNTIME_ERR and out.error_type == "KeyError" and out.error_line == 3
+                  pred("runtime_err", None, "IndexError", 9), pred("ran_no_sub", feedback="again"), pred("exploded"))
+    # 'valid' has no bucket (ill-formed), 'exploded' is no status; the second runtime_err and ran_no_sub repeat
+    # a status (the prompt asks for distinct alternatives): dropped, so they cannot outvote the first prediction.
+    out = outcome_from_text(text)
+    assert out.status is Status.RAN_NO_SUB and out.feedback == "out"
+    assert [(o.status, o.error_type) for o in outcomes_from_text(text)] == [(Status.RAN_NO_SUB, None),
+                                                                          (Status.RUNTIME_ERR, "KeyError")]
+    # An ill-formed prediction does not block a later well-formed one with its status.
+    assert outcome_from_text(answer(pred("valid", None), pred("valid", "mid"))).quality_bucket is QualityBucket.MID
+
+
+def test_parse_accepts_answers_with_or_without_a_reason_and_caps_the_feedback():
+    with_reason = outcome_from_text(answer(pred("runtime_err", None, "KeyError", 2, reason="target is not a column")))
+    without = outcome_from_text(answer(pred("runtime_err", None, "KeyError", 2, reason=None)))
+    assert with_reason == without and with_reason.error_type == "KeyError"
+    assert outcome_from_text(answer(pred("valid", "mid", reason=None))).status is Status.VALID
+    long = outcome_from_text(answer(pred("ran_no_sub", feedback="x" * 5000)))
+    assert FEEDBACK_CHARS == 420 and long.feedback == "x" * 420
+
+
+def test_parse_skips_a_reasoning_models_thoughts():
+    text = 'Let me think: {"status": "valid"} is wrong here.</think>\n' + answer(pred("runtime_err", None, "OSError", 4))
+    assert outcome_from_text(text).status is Status.RUNTIME_ERR
 
 
 @pytest.mark.parametrize("text", [
@@ -182,10 +211,49 @@ def test_world_model_prompt_holds_task_code_and_schema_fields():
     user = messages[-1]["content"]
     assert messages[0]["role"] == "system"
     assert "1 | import numpy as np" in user and "2 | print('hello')" in user
-    for field in ("status", "error_type", "error_line", "quality_bucket", "env_feedback", "2 most likely"):
+    for field in ("reason", "status", "error_type", "error_line", "quality_bucket", "env_feedback", "2 most likely",
+                  "Prediction 2 must have a different status from prediction 1", "420 characters"):
         assert field in user
+    assert "Earlier attempts" not in user
+    assert "different status from every prediction" in world_model_messages(TASK, GOOD, predictions=3)[-1]["content"]
+    assert "different status" not in world_model_messages(TASK, GOOD, predictions=1)[-1]["content"]
+
+
+def test_outcome_schema_asks_for_a_short_reason_first_and_caps_the_feedback():
     schema = outcome_json_schema(2)
     assert schema["properties"]["predictions"]["maxItems"] == 2
+    item = schema["properties"]["predictions"]["items"]
+    assert list(item["properties"])[0] == "reason" and item["required"][0] == "reason"
+    assert set(item["required"]) == set(item["properties"])
+    assert item["properties"]["reason"] == {"type": "string", "maxLength": 300}
+    assert item["properties"]["env_feedback"] == {"type": "string", "maxLength": 420}
+
+
+def test_world_model_prompt_shows_the_trajectory_so_far_before_the_current_script():
+    user = world_model_messages(TASK, GOOD, 2, HISTORY)[-1]["content"]
+    first, second, current = (user.index("raise ValueError('first try')"), user.index("print('second try')"),
+                              user.index("2 | print('hello')"))
+    assert user.index("Earlier attempts in this trajectory") < first < second < current
+    assert user.index("ValueError: first try") < second and user.index("no submission.csv") < current
+    assert "Attempt 1 script" in user and "What the agent saw after attempt 2" in user and "attempt 3" in user
+    assert "1 | import numpy as np\n2 | raise" not in user  # earlier scripts are not line-numbered
+    plain = world_model_prompt(TASK, GOOD, 2, HISTORY)
+    assert "print('second try')" in plain and plain.endswith("JSON answer:\n")
+    assert world_model_messages(TASK, GOOD, 2, []) == world_model_messages(TASK, GOOD, 2)
+
+
+def test_items_with_and_without_history():
+    assert item_history((TASK, GOOD)) == () and item_history((TASK, GOOD, [])) == ()
+    assert item_history((TASK, GOOD, list(map(list, HISTORY)))) == HISTORY
+    assert item_parts((TASK, GOOD, HISTORY)) == (TASK, GOOD, HISTORY)
+    with pytest.raises(ValueError, match="task, code"):
+        item_history((TASK,))
+
+
+def test_the_learned_backend_grades_items_with_history_like_plain_ones():
+    wm = LearnedWorldModel(seed=0)
+    plain = wm.grade([(TASK, GOOD), (TASK, "")])
+    assert wm.grade([(TASK, GOOD, HISTORY), (TASK, "", HISTORY)]) == plain
 
 
 # ------------------------------------------------------------------ llm backend
@@ -197,10 +265,29 @@ def test_valid_answer_and_the_request_carries_schema_and_sampling(server, wm):
     assert out.status is Status.VALID and out.reward == pytest.approx(0.875) and out.feedback == "wrote submission.csv"
     [body] = server.requests
     assert body["model"] == "wm-model"
-    assert (body["temperature"], body["top_p"], body["top_k"]) == (0.7, 0.8, 20)
+    assert (body["temperature"], body["top_p"], body["top_k"], body["presence_penalty"]) == (0.7, 0.8, 20, 1.0)
+    assert "chat_template_kwargs" not in body  # the chat template's own thinking default
     assert body["response_format"]["type"] == "json_schema"
     assert body["response_format"]["json_schema"]["schema"] == outcome_json_schema(2)
     assert "print('hello')" in body["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("enable", [True, False])
+def test_thinking_is_sent_only_when_the_spec_sets_it(server, enable):
+    model = build_world_model(WorldModelSpec(backend="llm", endpoint=server.url, enableThinking=enable), None)
+    try:
+        model.grade([(TASK, GOOD)])
+    finally:
+        model.close()
+    assert server.requests[-1]["chat_template_kwargs"] == {"enable_thinking": enable}
+
+
+def test_the_request_carries_the_trajectory_so_far(server, wm):
+    outs = wm.grade([(TASK, GOOD, HISTORY), (TASK, GOOD)])
+    assert [o.status for o in outs] == [Status.VALID, Status.VALID]
+    with_history, without = sorted((r["messages"][-1]["content"] for r in server.requests), key=len, reverse=True)
+    assert "print('second try')" in with_history and "ValueError: first try" in with_history
+    assert "Earlier attempts" not in without
 
 
 def test_runtime_error_prediction_keeps_type_line_and_feedback(server, wm):
@@ -281,7 +368,8 @@ def test_model_name_is_discovered_when_not_configured(server):
 
 
 def test_build_world_model_from_spec_and_runtime(server):
-    spec = WorldModelSpec(backend="llm", sampling={"temperature": 0.3, "topP": 0.9, "topK": 5, "predictions": 3})
+    spec = WorldModelSpec(backend="llm", sampling={"temperature": 0.3, "topP": 0.9, "topK": 5, "predictions": 3,
+                                                   "presencePenalty": 0.5})
     model = build_world_model(spec, Runtime(world_model_url=server.url), policy_model="policy-base")
     try:
         model.grade([(TASK, GOOD)])
@@ -289,6 +377,7 @@ def test_build_world_model_from_spec_and_runtime(server):
         model.close()
     body = server.requests[-1]
     assert (body["model"], body["temperature"], body["top_p"], body["top_k"]) == ("policy-base", 0.3, 0.9, 5)
+    assert body["presence_penalty"] == 0.5 and "chat_template_kwargs" not in body
     assert body["response_format"]["json_schema"]["schema"]["properties"]["predictions"]["maxItems"] == 3
     with pytest.raises(ValueError, match="spec.worldModel.endpoint"):
         build_world_model(WorldModelSpec(backend="llm"), Runtime())

@@ -68,3 +68,48 @@ def test_build_from_spec_loads_a_saved_model(tmp_path):
 def test_needs_a_model_or_a_generate_function():
     with pytest.raises(ValueError, match="model and a tokenizer"):
         TransformersWorldModel()
+
+
+class RecordingTokenizer:
+    """A tokenizer with a chat template that records what it is asked to render."""
+
+    chat_template = "{{ messages }}"
+
+    def __init__(self):
+        self.calls = []
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.calls.append((messages, kwargs))
+        return messages[-1]["content"]
+
+
+@pytest.mark.parametrize("enable", [None, True, False])
+def test_thinking_reaches_the_chat_template_only_when_set(enable):
+    tok = RecordingTokenizer()
+    wm = TransformersWorldModel(tokenizer=tok, generate=lambda prompts: ["{}"] * len(prompts), enable_thinking=enable)
+    assert wm.grade([(TASK, CODE)]) == [None]
+    [(_, kwargs)] = tok.calls
+    assert kwargs.get("enable_thinking", "unset") == ("unset" if enable is None else enable)
+    assert kwargs["add_generation_prompt"] is True
+
+
+def test_the_prompt_carries_the_trajectory_so_far(tiny):
+    _, tokenizer = tiny
+    seen = []
+    wm = TransformersWorldModel(tokenizer=tokenizer, generate=lambda prompts: seen.extend(prompts) or ["no"] * len(prompts))
+    history = (("import numpy as np\nraise KeyError('y')\n", "[execution] status=runtime_err error=KeyError"),)
+    wm.grade([(TASK, CODE, history), (TASK, CODE)])
+    assert "raise KeyError('y')" in seen[0] and "status=runtime_err error=KeyError" in seen[0]
+    assert seen[0].index("raise KeyError('y')") < seen[0].index("3 | print(x.sum())")
+    assert "Earlier attempts" not in seen[1]
+    plain = TransformersWorldModel(generate=lambda prompts: seen.extend(prompts) or ["no"] * len(prompts))
+    plain.grade([(TASK, CODE, history)])
+    assert "raise KeyError('y')" in seen[-1] and seen[-1].endswith("JSON answer:\n")
+
+
+def test_spec_sets_thinking_and_presence_penalty_is_not_sampled(tmp_path):
+    path = save_tiny_model(tmp_path / "wm")
+    spec = WorldModelSpec(backend="transformers", model=str(path), enableThinking=False,
+                          sampling={"maxTokens": 8, "presencePenalty": 1.5})
+    wm = build_world_model(spec, None)
+    assert wm.enable_thinking is False and "presence_penalty" not in wm.sampling  # generate() has no such knob

@@ -1,14 +1,16 @@
 """The two prompts of a WMRL run: the policy's task prompt and the world model's outcome prompt.
 
-The world-model prompt asks for the top-k outcome predictions as JSON matching
-:func:`outcome_json_schema` (the shared outcome schema of :mod:`wmrl.outcome`): a status
-on the reward ladder, the error type and line for failures, a quality bucket for valid
-runs (never a numeric score) and an imitation of the sandbox's output.
+The world-model prompt shows the trajectory so far (earlier scripts and what the agent
+saw after each) and the current script, and asks for the top-k outcome predictions of the
+current script, each with a different status, as JSON matching :func:`outcome_json_schema`
+(the shared outcome schema of :mod:`wmrl.outcome`): a short reason first, then a status on
+the reward ladder, the error type and line for failures, a quality bucket for valid runs
+(never a numeric score) and an imitation of the sandbox's output.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from wmrl.outcome import QualityBucket, Status
 from wmrl.tasks import Task
@@ -47,19 +49,30 @@ def task_prompt(task: Task) -> str:
     )
 
 
+REASON_CHARS = 300
+"""Cap on a prediction's ``reason`` (guided decoding enforces it; the reason is never used as feedback)."""
+ENV_FEEDBACK_CHARS = 420
+"""Cap on a prediction's ``env_feedback`` (guided decoding enforces it, parsing truncates unguided answers)."""
+
+
 def outcome_json_schema(predictions: int = 2) -> dict[str, Any]:
-    """JSON schema of the world model's answer: 1..``predictions`` outcome predictions, most likely first."""
+    """JSON schema of the world model's answer: 1..``predictions`` outcome predictions, most likely first.
+
+    Each prediction opens with a short ``reason`` (as in the reference implementation: the
+    model states why before it commits to a status), then the outcome fields.
+    """
     nullable = lambda schema: {"anyOf": [schema, {"type": "null"}]}  # noqa: E731
     item = {
         "type": "object",
         "properties": {
+            "reason": {"type": "string", "maxLength": REASON_CHARS},
             "status": {"type": "string", "enum": [s.value for s in Status]},
             "error_type": nullable({"type": "string"}),
             "error_line": nullable({"type": "integer", "minimum": 0}),
             "quality_bucket": nullable({"type": "string", "enum": [b.value for b in QualityBucket]}),
-            "env_feedback": {"type": "string"},
+            "env_feedback": {"type": "string", "maxLength": ENV_FEEDBACK_CHARS},
         },
-        "required": ["status", "error_type", "error_line", "quality_bucket", "env_feedback"],
+        "required": ["reason", "status", "error_type", "error_line", "quality_bucket", "env_feedback"],
         "additionalProperties": False,
     }
     return {
@@ -76,7 +89,7 @@ _WM_SYSTEM = (
     "Answer with JSON only."
 )
 
-_STATUS_GUIDE = """Statuses:
+_STATUS_GUIDE = f"""Statuses:
 - malformed: not a Python program, or cut off mid-way
 - syntax_err: Python cannot compile it (give error_type and error_line)
 - runtime_err: it starts but raises, or exceeds the limits (give error_type and error_line)
@@ -87,7 +100,13 @@ Quality buckets, relative to the reference leaderboard of the task:
 - fair: works but below most reference solutions
 - mid: around the median reference solution
 - high: among the best reference solutions
-env_feedback imitates what the sandbox would print (stdout, a traceback, or the grader's note)."""
+reason: first, in one or two short sentences (at most {REASON_CHARS} characters), why the script ends that way.
+env_feedback imitates what the sandbox would print (stdout, a traceback, or the grader's note), \
+at most {ENV_FEEDBACK_CHARS} characters."""
+
+History = Sequence[tuple[str, str]]
+"""A trajectory's earlier turns, oldest first: (script, observation) pairs, where the observation is the
+text the agent was shown after that turn (:func:`wmrl_trainer.observation.observation_text`)."""
 
 
 def _numbered(code: str) -> str:
@@ -96,25 +115,56 @@ def _numbered(code: str) -> str:
     return "\n".join(f"{i:>{width}} | {line}" for i, line in enumerate(lines, start=1))
 
 
-def world_model_messages(task: Task, code: str, predictions: int = 2) -> list[dict[str, str]]:
-    """Chat messages asking for the top-``predictions`` outcome predictions of ``code`` on ``task``."""
+def _history_block(history: History) -> str:
+    """The trajectory so far, compactly: each earlier script (no line numbers) and what the agent saw after it."""
+    if not history:
+        return ""
+    parts = ["Earlier attempts in this trajectory, oldest first (the agent saw each attempt's result before "
+             "writing the next one):"]
+    for n, (code, observation) in enumerate(history, start=1):
+        parts.append(f"Attempt {n} script:\n```\n{code.rstrip()}\n```\n"
+                     f"What the agent saw after attempt {n}:\n{observation.strip() or '(nothing)'}")
+    return "\n\n".join(parts) + "\n\n"
+
+
+def _request(predictions: int) -> str:
+    if predictions == 2:
+        distinct = " Prediction 2 must have a different status from prediction 1: the most likely alternative."
+    elif predictions > 2:
+        distinct = (" Each prediction must have a different status from every prediction before it: the most likely "
+                    "alternatives.")
+    else:
+        distinct = ""
+    return (f"Give your {predictions} most likely outcomes, most likely first, as JSON.{distinct} "
+            'Format: {"predictions": [{"reason": ..., "status": ..., "error_type": ... or null, '
+            '"error_line": ... or null, "quality_bucket": ... or null, "env_feedback": ...}]}')
+
+
+def world_model_messages(task: Task, code: str, predictions: int = 2, history: History = ()) -> list[dict[str, str]]:
+    """Chat messages asking for the top-``predictions`` outcome predictions of ``code`` on ``task``.
+
+    ``history``: the trajectory's earlier turns (see :data:`History`), shown before the current
+    script, which comes last and is the one to predict; empty for a first turn.
+    """
     board = sorted(task.leaderboard)
     board_line = (f"Reference solutions score {task.metric} from {board[0]:.4g} to {board[-1]:.4g} "
                   f"({'higher' if task.higher_is_better else 'lower'} is better).\n") if board else ""
+    history = tuple(history)
+    current = (f"Current script, attempt {len(history) + 1}: predict its outcome (line numbers added for reference)"
+               if history else "Solution script (line numbers added for reference)")
     user = (
         f"Task '{task.name}' ({task.kind}): {task.description}\n"
         f"{_contract(task)}\n"
         f"Sandbox: {SANDBOX_LIMITS}.\n{board_line}\n"
-        f"Solution script (line numbers added for reference):\n```\n{_numbered(code)}\n```\n\n"
+        f"{_history_block(history)}"
+        f"{current}:\n```\n{_numbered(code)}\n```\n\n"
         f"{_STATUS_GUIDE}\n\n"
-        f"Give your {predictions} most likely outcomes, most likely first, as JSON: "
-        '{"predictions": [{"status": ..., "error_type": ... or null, "error_line": ... or null, '
-        '"quality_bucket": ... or null, "env_feedback": ...}]}'
+        f"{_request(predictions)}"
     )
     return [{"role": "system", "content": _WM_SYSTEM}, {"role": "user", "content": user}]
 
 
-def world_model_prompt(task: Task, code: str, predictions: int = 2) -> str:
+def world_model_prompt(task: Task, code: str, predictions: int = 2, history: History = ()) -> str:
     """The same request as one plain-text prompt, for models without a chat template."""
-    messages = world_model_messages(task, code, predictions)
+    messages = world_model_messages(task, code, predictions, history)
     return "\n\n".join(m["content"] for m in messages) + "\n\nJSON answer:\n"

@@ -29,7 +29,8 @@ from typing import Any
 
 import yaml
 
-from wmrl.api.schema import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, WMRLRunSpec, WMRLRunStatus
+from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, WMRLRunSpec,
+                             WMRLRunStatus)
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
@@ -54,6 +55,15 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
             "message": "spec.sandbox.minReplicas must be <= spec.sandbox.maxReplicas",
             "fieldPath": ".minReplicas",
+            "reason": "FieldValueInvalid",
+        }
+    ],
+    ("algorithm",): [
+        {
+            # The apiserver defaults maxTurns (4) before validating, so an absent maxTurns is not 1.
+            "rule": "!has(self.anchors) || !has(self.anchors.waitSeconds) || (has(self.maxTurns) && self.maxTurns == 1)",
+            "message": ANCHOR_WAIT_SINGLE_TURN,
+            "fieldPath": ".anchors.waitSeconds",
             "reason": "FieldValueInvalid",
         }
     ],

@@ -93,7 +93,11 @@ class WorldModelSampling(_Model):
     top_p: float = Field(0.8, gt=0, le=1)
     top_k: int = Field(20, ge=-1)
     max_tokens: int = Field(1024, ge=1, le=131072)
-    predictions: int = Field(2, ge=1, le=8, description="Top-k outcome predictions per call (paper: 2).")
+    predictions: int = Field(2, ge=1, le=8, description="Top-k outcome predictions per call, each with a different "
+                             "status (paper: 2).")
+    presence_penalty: float = Field(
+        1.0, ge=-2, le=2, description="OpenAI presence_penalty sent with every llm-backend request (reference "
+        "implementation: 1.0); the transformers backend has no presence penalty and ignores it.")
 
 
 class WorldModelSpec(_Model):
@@ -110,6 +114,10 @@ class WorldModelSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     sampling: WorldModelSampling = Field(default_factory=WorldModelSampling)
     timeout_seconds: float = Field(60.0, gt=0, le=3600)
+    enable_thinking: Optional[bool] = Field(
+        None, description="Sent as the chat template's enable_thinking (Qwen3-style templates: think before "
+        "answering or not). Empty: not sent, so the template's own default applies (as in the reference "
+        "implementation).")
     learn_online: bool = Field(
         False, description="learned backend only: correct the judge online from anchor outcomes (beyond the paper, "
                            "whose judge is frozen; the corrections then have less to do).")
@@ -144,6 +152,10 @@ class TasksSpec(_Model):
         return self
 
 
+ANCHOR_WAIT_SINGLE_TURN = ("spec.algorithm.anchors.waitSeconds applies only to maxTurns: 1 (a multi-turn anchor "
+                           "trajectory needs its real feedback before its next turn)")
+
+
 class AnchorsSpec(_Model):
     """Groups graded by BOTH the world model and real execution."""
 
@@ -153,7 +165,8 @@ class AnchorsSpec(_Model):
     wait_seconds: Optional[float] = Field(
         None, ge=0, description="How long a step waits for its anchor executions once the world model is done; "
         "anchor groups still running are graded by the calibrated world model this step and feed calibration when "
-        "they finish. Empty: wait for every anchor (up to spec.sandbox.timeoutSeconds), as in the paper.")
+        "they finish. Empty: wait for every anchor (up to spec.sandbox.timeoutSeconds), as in the paper. Only with "
+        "spec.algorithm.maxTurns: 1.")
 
 
 class DebiasingSpec(_Model):
@@ -191,11 +204,23 @@ class AlgorithmSpec(_Model):
     learning_rate: float = Field(1e-6, gt=0, le=1)
     kl_beta: float = Field(0.04, ge=0)
     entropy_coef: float = Field(0.002, ge=0)
-    max_turns: int = Field(4, ge=1, le=16)
+    max_turns: int = Field(
+        4, ge=1, le=8, description="Turns per trajectory: each turn's script is graded and its feedback shown to the "
+        "next turn; the reward is the best turn's (paper: 4). 1 = single-turn.")
+    max_trajectory_tokens: Optional[int] = Field(
+        None, ge=1, description="Token budget of one trajectory's completions and observations together; a "
+        "trajectory that reaches it ends. Empty: every turn at full length (maxTurns x spec.policy.sampling.maxNewTokens) "
+        "plus 512 tokens per observation.")
     seed: int = Field(0, ge=0)
     anchors: AnchorsSpec = Field(default_factory=AnchorsSpec)
     debiasing: DebiasingSpec = Field(default_factory=DebiasingSpec)
     denoising: DenoisingSpec = Field(default_factory=DenoisingSpec)
+
+    @model_validator(mode="after")
+    def _anchor_wait_single_turn(self) -> "AlgorithmSpec":
+        if self.anchors.wait_seconds is not None and self.max_turns != 1:
+            raise ValueError(ANCHOR_WAIT_SINGLE_TURN)
+        return self
 
 
 class Toleration(_Model):
@@ -299,6 +324,19 @@ class PolicyHealth(_Model):
     warning: Optional[str] = Field(None, description="Set while generation is degenerating, in plain words.")
 
 
+class TurnProgress(_Model):
+    """Multi-turn figures of the last step (spec.algorithm.maxTurns > 1)."""
+
+    mean_turns: Optional[float] = None
+    mean_best_turn: Optional[float] = Field(None, description="Mean 1-based turn of each trajectory's best script.")
+    repair_rate: Optional[float] = Field(
+        None, description="Of the trajectories whose first script did not produce a valid submission (by the grade "
+        "they were shown) and that had a second turn, the share whose second script did.")
+    stopped_at_top: int = Field(0, description="Trajectories that ended at the top outcome.")
+    stopped_at_budget: int = Field(0, description="Trajectories that ended at spec.algorithm.maxTrajectoryTokens.")
+    ungraded: int = Field(0, description="Trajectories ended by a turn that could not be graded.")
+
+
 class Progress(_Model):
     """Patched by the trainer each step; the operator never writes it."""
 
@@ -317,6 +355,7 @@ class Progress(_Model):
     sandbox_demand: int = Field(0, description="Executions queued + in flight at the trainer: the autoscaler's input.")
     calibration_stale_seconds: Optional[float] = None
     health: Optional[PolicyHealth] = None
+    turns: Optional[TurnProgress] = None
     updated_at: Optional[str] = None
 
 

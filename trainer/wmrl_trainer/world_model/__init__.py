@@ -1,6 +1,9 @@
 """World models: grade a rollout without running it (see ``docs/world-model.md``).
 
-Backends share one interface (:class:`WorldModel`) and the compile gate:
+Backends share one interface (:class:`WorldModel`) and the compile gate. ``grade`` takes
+``(task, code)`` items, or ``(task, code, history)`` for a turn of a multi-turn trajectory
+(:func:`item_history`); the prompted backends show the history to the model, the learned
+one ignores it.
 
 * ``llm`` (the paper's): an OpenAI-compatible endpoint (vLLM), guided JSON, top-k predictions;
 * ``transformers``: the same prompt and parsing, generated in-process (CPU);
@@ -13,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from wmrl_trainer.world_model.base import GatedWorldModel, WorldModel, compile_gate
+from wmrl_trainer.world_model.base import GatedWorldModel, Item, WorldModel, compile_gate, item_history, item_parts
 
-__all__ = ["WorldModel", "GatedWorldModel", "compile_gate", "build_world_model"]
+__all__ = ["WorldModel", "GatedWorldModel", "Item", "compile_gate", "item_history", "item_parts", "build_world_model"]
 
 
 def build_world_model(spec: Any, runtime: Any = None, policy_model: Optional[str] = None, seed: int = 0,

@@ -1,9 +1,12 @@
 """The world-model interface, the compile gate every backend runs first, and their shared plumbing.
 
-A world model grades rollouts without running them: ``grade(items)`` maps (task, code) pairs
-to predicted :class:`~wmrl.outcome.Outcome`\\ s, or ``None`` for a rollout it could not grade
-(left out of the loss by the trainer, never scored zero). ``observe`` feeds it a real outcome
-(from an anchor execution) to learn from; only the learned backend uses it.
+A world model grades rollouts without running them: ``grade(items)`` maps items to predicted
+:class:`~wmrl.outcome.Outcome`\\ s, or ``None`` for a rollout it could not grade (left out of
+the loss by the trainer, never scored zero). An item is ``(task, code)`` or, for a turn of a
+multi-turn trajectory, ``(task, code, history)`` with ``history`` the trajectory's earlier
+turns as ``(code, observation)`` pairs, oldest first (see :func:`item_history`). ``observe``
+feeds it a real outcome (from an anchor execution) to learn from; only the learned backend
+uses it.
 """
 
 from __future__ import annotations
@@ -11,12 +14,31 @@ from __future__ import annotations
 import ast
 import threading
 from collections import Counter
-from typing import Optional, Protocol, Sequence, runtime_checkable
+from typing import Optional, Protocol, Sequence, Union, runtime_checkable
 
 from wmrl.outcome import Outcome, Status
 from wmrl.tasks import Task
 
-Item = tuple[Task, str]
+History = tuple[tuple[str, str], ...]
+"""A trajectory's earlier turns, oldest first: (code, observation) pairs, the observation being the text the
+agent was shown after that turn. Empty for a first (or the only) turn."""
+
+Item = Union[tuple[Task, str], tuple[Task, str, Sequence[tuple[str, str]]]]
+"""What ``grade`` takes per rollout: ``(task, code)`` or ``(task, code, history)``."""
+
+
+def item_history(item: Item) -> History:
+    """The item's history (``()`` for a ``(task, code)`` item), as a tuple of (code, observation) pairs."""
+    if len(item) == 2:
+        return ()
+    if len(item) != 3:
+        raise ValueError(f"a world-model item is (task, code) or (task, code, history), got {len(item)} elements")
+    return tuple((str(code), str(observation)) for code, observation in (item[2] or ()))
+
+
+def item_parts(item: Item) -> tuple[Task, str, History]:
+    """``(task, code, history)`` of an item of either form."""
+    return item[0], item[1], item_history(item)
 
 # SyntaxError messages that mean "the text stops mid-construct": a completion cut off at the
 # token limit, which the ladder scores like malformed output rather than a real syntax error.
@@ -86,7 +108,13 @@ class GatedWorldModel:
 
     ``stats`` counts rollouts: ``gated`` (decided by the compile gate), ``predicted``,
     ``ungraded`` (the backend returned None) and backend-specific failure reasons.
+
+    ``grade`` takes items of both forms. A backend that reads the trajectory's history sets
+    ``uses_history = True`` and gets the items as given; any other backend (the learned one)
+    gets plain ``(task, code)`` pairs, so it never sees a history it would not use.
     """
+
+    uses_history: bool = False
 
     def __init__(self) -> None:
         self.stats: Counter[str] = Counter()
@@ -99,15 +127,15 @@ class GatedWorldModel:
     def grade(self, items: Sequence[Item]) -> list[Optional[Outcome]]:
         results: list[Optional[Outcome]] = [None] * len(items)
         todo = []
-        for i, (_, code) in enumerate(items):
-            gated = compile_gate(code)
+        for i, item in enumerate(items):
+            gated = compile_gate(item[1])
             if gated is not None:
                 results[i] = gated
             else:
                 todo.append(i)
         self.count("gated", len(items) - len(todo))
         if todo:
-            predicted = self._predict([items[i] for i in todo])
+            predicted = self._predict([items[i] if self.uses_history else (items[i][0], items[i][1]) for i in todo])
             if len(predicted) != len(todo):
                 raise RuntimeError(f"{type(self).__name__} returned {len(predicted)} outcomes for {len(todo)} rollouts")
             for i, outcome in zip(todo, predicted):

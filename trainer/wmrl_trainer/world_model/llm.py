@@ -1,8 +1,12 @@
 """The paper's world model: an LLM behind an OpenAI-compatible chat-completions endpoint (vLLM).
 
 One guided-JSON call per rollout returns the top-k outcome predictions
-(:func:`wmrl_trainer.prompts.outcome_json_schema`); the sampling parameters are the spec's
-(paper: temperature 0.7, top_p 0.8, top_k 20). Rollouts of a batch are sent concurrently
+(:func:`wmrl_trainer.prompts.outcome_json_schema`); the prompt holds the trajectory's earlier
+turns when the item has them (:func:`wmrl_trainer.world_model.base.item_history`). The
+sampling parameters are the spec's (paper: temperature 0.7, top_p 0.8, top_k 20; reference
+implementation: presence_penalty 1.0). The chat template's thinking switch is sent only when
+``spec.worldModel.enableThinking`` is set, so by default the template's own default applies,
+as in the reference implementation. Rollouts of a batch are sent concurrently
 from a thread pool. A timeout, connection error, HTTP 429 or 5xx is retried with backoff;
 when the retries run out, or the answer is not usable JSON, the rollout is ungraded (None).
 
@@ -24,7 +28,7 @@ import httpx
 
 from wmrl.outcome import Outcome
 from wmrl_trainer.prompts import outcome_json_schema, world_model_messages
-from wmrl_trainer.world_model.base import GatedWorldModel, Item
+from wmrl_trainer.world_model.base import GatedWorldModel, Item, item_parts
 from wmrl_trainer.world_model.parse import outcome_from_text
 
 log = logging.getLogger(__name__)
@@ -34,12 +38,19 @@ _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
 
 class LLMWorldModel(GatedWorldModel):
-    """Grades rollouts with an OpenAI-compatible server at ``base_url`` (ending in ``/v1``)."""
+    """Grades rollouts with an OpenAI-compatible server at ``base_url`` (ending in ``/v1``).
+
+    ``enable_thinking``: None sends no ``chat_template_kwargs`` (the template's default);
+    True/False sends ``{"enable_thinking": value}`` (Qwen3-style templates; others ignore it).
+    """
+
+    uses_history = True
 
     def __init__(self, base_url: str, model: Optional[str] = None, *, temperature: float = 0.7, top_p: float = 0.8,
-                 top_k: int = 20, max_tokens: int = 1024, predictions: int = 2, timeout: float = 60.0,
-                 retries: int = 2, backoff: float = 0.5, concurrency: int = 16, guided: str = "response_format",
-                 disable_thinking: bool = True, api_key: Optional[str] = None):
+                 top_k: int = 20, max_tokens: int = 1024, predictions: int = 2, presence_penalty: float = 1.0,
+                 timeout: float = 60.0, retries: int = 2, backoff: float = 0.5, concurrency: int = 16,
+                 guided: str = "response_format", enable_thinking: Optional[bool] = None,
+                 api_key: Optional[str] = None):
         super().__init__()
         if not base_url:
             raise ValueError("spec.worldModel.endpoint: the llm backend needs an OpenAI-compatible base URL")
@@ -47,12 +58,13 @@ class LLMWorldModel(GatedWorldModel):
             raise ValueError(f"guided must be one of {GUIDED_MODES}, got {guided!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_tokens": max_tokens}
+        self.sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_tokens": max_tokens,
+                         "presence_penalty": presence_penalty}
         self.predictions = predictions
         self.schema = outcome_json_schema(predictions)
         self.retries, self.backoff = retries, backoff
         self.guided = guided
-        self.disable_thinking = disable_thinking
+        self.enable_thinking = enable_thinking
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers,
                                     limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
@@ -65,8 +77,10 @@ class LLMWorldModel(GatedWorldModel):
         if not base_url:
             raise ValueError("spec.worldModel.endpoint: empty, and runtime.worldModelUrl is not set either")
         s = spec.sampling
+        kwargs.setdefault("enable_thinking", spec.enable_thinking)
         return cls(base_url, spec.model or policy_model, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                   max_tokens=s.max_tokens, predictions=s.predictions, timeout=spec.timeout_seconds, **kwargs)
+                   max_tokens=s.max_tokens, predictions=s.predictions, presence_penalty=s.presence_penalty,
+                   timeout=spec.timeout_seconds, **kwargs)
 
     # -------------------------------------------------------------- requests
 
@@ -90,8 +104,8 @@ class LLMWorldModel(GatedWorldModel):
             body["structured_outputs"] = {"json": self.schema}
         else:
             body["guided_json"] = self.schema
-        if self.disable_thinking:  # Qwen3-style templates: answer directly (ignored by other templates)
-            body["chat_template_kwargs"] = {"enable_thinking": False}
+        if self.enable_thinking is not None:  # Qwen3-style templates (ignored by others); None: the template's default
+            body["chat_template_kwargs"] = {"enable_thinking": bool(self.enable_thinking)}
         return body
 
     def _complete(self, messages: list[dict]) -> Optional[str]:
@@ -130,8 +144,8 @@ class LLMWorldModel(GatedWorldModel):
             time.sleep(self.backoff * 2 ** (attempt - 1))
 
     def _one(self, item: Item) -> Optional[Outcome]:
-        task, code = item
-        text = self._complete(world_model_messages(task, code, self.predictions))
+        task, code, history = item_parts(item)
+        text = self._complete(world_model_messages(task, code, self.predictions, history))
         if text is None:
             return None
         outcome = outcome_from_text(text)

@@ -2,22 +2,32 @@
 
 The answer should be ``{"predictions": [...]}`` (see :func:`wmrl_trainer.prompts.outcome_json_schema`).
 Guided decoding makes that exact on vLLM; unguided models may wrap it in prose or a code
-fence, so the first balanced JSON object in the text is used. Each prediction is checked on
-its own; the answer's outcome is the first well-formed prediction with the most frequent
-status among the well-formed ones. No well-formed prediction -> ``None`` (ungraded).
+fence, so the first balanced JSON object in the text is used (after a ``</think>`` if the
+model thought aloud first). Each prediction is checked on its own; its ``reason`` is optional
+(unguided models may leave it out) and never used, its ``env_feedback`` is cut to
+:data:`FEEDBACK_CHARS` characters.
+
+Predictions are distinct alternatives: the prompt, like the reference implementation, asks
+for top-k outcomes with k different statuses, so a later well-formed prediction whose status
+repeats an earlier well-formed one is dropped (it is the same alternative again, not a vote).
+The answer's outcome is the first well-formed prediction that remains: the most likely
+one. (The rule that took the most frequent status among the predictions reduces to this
+once statuses are distinct, and a model that repeats a status against the instruction no
+longer wins a majority with it.) No well-formed prediction -> ``None`` (ungraded).
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any, Optional
 
 from pydantic import ValidationError
 
 from wmrl.outcome import Outcome, Status
+from wmrl_trainer.prompts import ENV_FEEDBACK_CHARS
 
-FEEDBACK_CHARS = 2000
+FEEDBACK_CHARS = ENV_FEEDBACK_CHARS
+THINK_END = "</think>"
 
 
 def _first_json_object(text: str) -> Optional[Any]:
@@ -36,6 +46,8 @@ def predictions_from_text(text: str) -> list[dict]:
     """The raw prediction dicts in an answer ([] if there is no usable JSON)."""
     if not isinstance(text, str):
         return []
+    if THINK_END in text:  # a reasoning model's thoughts come first; the answer follows them
+        text = text.rsplit(THINK_END, 1)[1]
     value = _first_json_object(text)
     if isinstance(value, dict) and isinstance(value.get("predictions"), list):
         return [p for p in value["predictions"] if isinstance(p, dict)]
@@ -45,7 +57,9 @@ def predictions_from_text(text: str) -> list[dict]:
 
 
 def outcome_from_prediction(pred: dict) -> Optional[Outcome]:
-    """One prediction -> Outcome, or None if it is not well-formed (unknown status, valid without a bucket...)."""
+    """One prediction -> Outcome, or None if it is not well-formed (unknown status, valid without a bucket...).
+
+    ``reason`` may be present or not; it is not part of the outcome."""
     try:
         status = Status(pred.get("status"))
     except ValueError:
@@ -66,11 +80,17 @@ def outcome_from_prediction(pred: dict) -> Optional[Outcome]:
         return None
 
 
+def outcomes_from_text(text: str) -> list[Outcome]:
+    """The answer's well-formed predictions with distinct statuses, most likely first (module docstring)."""
+    outcomes: list[Outcome] = []
+    for outcome in map(outcome_from_prediction, predictions_from_text(text)):
+        if outcome is not None and all(o.status is not outcome.status for o in outcomes):
+            outcomes.append(outcome)
+    return outcomes
+
+
 def outcome_from_text(text: str) -> Optional[Outcome]:
-    """The answer's outcome (see the module docstring), or None if no prediction is usable."""
-    outcomes = [o for o in map(outcome_from_prediction, predictions_from_text(text)) if o is not None]
-    if not outcomes:
-        return None
-    counts = Counter(o.status for o in outcomes)
-    top = max(counts.values())
-    return next(o for o in outcomes if counts[o.status] == top)
+    """The answer's outcome: its first well-formed prediction (see the module docstring), or None if
+    no prediction is usable."""
+    outcomes = outcomes_from_text(text)
+    return outcomes[0] if outcomes else None

@@ -1,8 +1,14 @@
 """The llm backend's prompt and parsing, with generation in-process by a transformers model (CPU).
 
-No guided decoding here: the model is asked for the same JSON and the answer is parsed the
-same way (:mod:`wmrl_trainer.world_model.parse`); text that holds no usable prediction is
-ungraded, so a small or untrained model yields ungraded rollouts, never zeros.
+No guided decoding here: the model is asked for the same JSON (with the trajectory's earlier
+turns in the prompt when the item has them) and the answer is parsed the same way
+(:mod:`wmrl_trainer.world_model.parse`); text that holds no usable prediction is ungraded,
+so a small or untrained model yields ungraded rollouts, never zeros.
+
+Sampling follows ``spec.worldModel.sampling`` except ``presencePenalty``: transformers'
+``generate`` has no presence penalty (its ``repetition_penalty`` is a multiplicative
+penalty of a different kind), so none is applied. ``enableThinking`` is passed to the chat
+template only when set, as the llm backend sends it only when set.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from wmrl.outcome import Outcome
 from wmrl_trainer.prompts import world_model_messages, world_model_prompt
-from wmrl_trainer.world_model.base import GatedWorldModel, Item
+from wmrl_trainer.world_model.base import GatedWorldModel, Item, item_parts
 from wmrl_trainer.world_model.parse import outcome_from_text
 
 Generate = Callable[[list[str]], list[str]]
@@ -20,17 +26,21 @@ Generate = Callable[[list[str]], list[str]]
 
 class TransformersWorldModel(GatedWorldModel):
     """``model``/``tokenizer``: a causal LM and its tokenizer. ``generate`` (prompts -> answer texts)
-    replaces the model's sampling, e.g. to script answers in tests."""
+    replaces the model's sampling, e.g. to script answers in tests. ``enable_thinking``: passed to
+    the chat template when not None (else the template's default)."""
+
+    uses_history = True
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, temperature: float = 0.7, top_p: float = 0.8,
                  top_k: int = 20, max_new_tokens: int = 1024, predictions: int = 2, batch_size: int = 4,
-                 seed: int = 0, generate: Optional[Generate] = None):
+                 seed: int = 0, generate: Optional[Generate] = None, enable_thinking: Optional[bool] = None):
         super().__init__()
         if generate is None and (model is None or tokenizer is None):
             raise ValueError("the transformers world model needs a model and a tokenizer (or a generate function)")
         self.model, self.tokenizer = model, tokenizer
         self.sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens}
         self.predictions, self.batch_size, self.seed = predictions, batch_size, seed
+        self.enable_thinking = enable_thinking
         self._generate_fn = generate or self._sample
         self._lock = threading.Lock()  # one generation at a time on a shared model
 
@@ -44,16 +54,18 @@ class TransformersWorldModel(GatedWorldModel):
         model, tokenizer = load_policy(name)
         model.eval()
         s = spec.sampling
+        kwargs.setdefault("enable_thinking", spec.enable_thinking)
         return cls(model, tokenizer, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                    max_new_tokens=s.max_tokens, predictions=s.predictions, **kwargs)
 
     def render(self, item: Item) -> str:
         """The prompt text: the chat template when the tokenizer has one, else the plain prompt."""
-        task, code = item
+        task, code, history = item_parts(item)
         if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(world_model_messages(task, code, self.predictions),
-                                                      tokenize=False, add_generation_prompt=True)
-        return world_model_prompt(task, code, self.predictions)
+            extra = {} if self.enable_thinking is None else {"enable_thinking": bool(self.enable_thinking)}
+            return self.tokenizer.apply_chat_template(world_model_messages(task, code, self.predictions, history),
+                                                      tokenize=False, add_generation_prompt=True, **extra)
+        return world_model_prompt(task, code, self.predictions, history)
 
     def _sample(self, prompts: list[str]) -> list[str]:
         import torch
