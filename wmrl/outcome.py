@@ -103,3 +103,24 @@ def rank_score(score: float, leaderboard: list[float], higher_is_better: bool) -
         return 0.5
     beaten = sum(1 for ref in leaderboard if (score >= ref if higher_is_better else score <= ref))
     return beaten / len(leaderboard)
+
+
+def bucket_of(rank_score: float) -> QualityBucket:
+    """The quality bucket a leaderboard rank score falls in: the nearest bucket's score (for real outcomes,
+    which carry a rank score and no bucket; the world model's buckets map the other way,
+    :data:`BUCKET_RANK_SCORE`)."""
+    return min(BUCKET_RANK_SCORE, key=lambda b: (abs(BUCKET_RANK_SCORE[b] - rank_score), -BUCKET_RANK_SCORE[b]))
+
+
+def quality_of(outcome: Outcome) -> Optional[QualityBucket]:
+    """A valid outcome's quality bucket (predicted, or from its rank score); None for the other statuses."""
+    if outcome.status is not Status.VALID:
+        return None
+    if outcome.quality_bucket is not None:
+        return outcome.quality_bucket
+    return bucket_of(outcome.rank_score if outcome.rank_score is not None else 0.0)
+
+
+def is_top(outcome: Outcome) -> bool:
+    """The top outcome: a valid run in the best quality bucket. A multi-turn trajectory stops there."""
+    return quality_of(outcome) is QualityBucket.HIGH

@@ -93,8 +93,9 @@ def main() -> int:
             "worldModel": {"backend": "llm", "endpoint": f"http://127.0.0.1:{port}/v1", "model": "world-model",
                            "timeoutSeconds": 60, "sampling": {"maxTokens": 256}},
             "tasks": {"builtin": "mini-ml"},
+            # 2 turns: the multi-turn rollout (TRL rollout_func) on vLLM colocate, not yet run on a GPU.
             "algorithm": {"groupSize": 4, "groupsPerStep": 4, "steps": args.steps, "learningRate": 1e-4, "seed": 0,
-                          "anchors": {"fraction": 0.5}},
+                          "maxTurns": 2, "anchors": {"fraction": 0.5}},
             "sandbox": {"timeoutSeconds": 60},
             "trainer": {"checkpoint": {"intervalSteps": 2}},
         })
@@ -119,6 +120,7 @@ def main() -> int:
                 "steps": summary["steps"] == args.steps,
                 "world_model_graded": all(r.mean_world_model_reward is not None for r in records),
                 "anchors_executed": all(r.executions > 0 for r in records),
+                "multi_turn": all(r.turns is not None and r.turns["mean_turns"] >= 1 for r in records),
                 "parameters_moved": any(not torch.equal(a, b) for a, b in zip(before, after)),
             }
     finally:

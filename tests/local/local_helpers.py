@@ -16,7 +16,7 @@ TINY = {
         "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 8}},
         "worldModel": {"backend": "learned"},
         "tasks": {"builtin": "mini-ml", "heldOut": ["iris"]},
-        "algorithm": {"groupSize": 2, "groupsPerStep": 2, "steps": 2, "learningRate": 0.002, "klBeta": 0.0,
+        "algorithm": {"groupSize": 2, "groupsPerStep": 2, "steps": 2, "learningRate": 0.002, "klBeta": 0.0, "maxTurns": 1,
                       "entropyCoef": 0.0, "anchors": {"fraction": 0.5, "minPerStep": 1},
                       "debiasing": {"minPairs": 4, "refitEvery": 2}, "denoising": {"warmup": 2}},
         "sandbox": {"timeoutSeconds": 60},

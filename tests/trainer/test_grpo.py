@@ -24,7 +24,7 @@ def run_config(tmp_path, mode: str = "wmrl", steps: int = 2, sampling=None, **al
         "policy": {"model": "tiny", "rolloutEngine": "transformers", "sampling": sampling or {"maxNewTokens": 8}},
         "tasks": {"builtin": "mini-ml"},
         "algorithm": {"groupSize": 4, "groupsPerStep": 2, "steps": steps, "learningRate": 1e-2, "seed": 3,
-                      "anchors": {"fraction": 0.5}, **algorithm},
+                      "maxTurns": 1, "anchors": {"fraction": 0.5}, **algorithm},
         "trainer": {"checkpoint": {"intervalSteps": 100}},
     })
     return RunConfig(metadata=RunMetadata(name="t"), spec=spec,

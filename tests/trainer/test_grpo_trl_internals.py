@@ -42,6 +42,23 @@ def test_generate_and_score_completions_contract():
     assert "self._generate(prompts)" in source
 
 
+def test_multi_turn_rollout_hooks():
+    """rollout_func gets (prompts, trainer), its env_mask becomes the tool_mask (no loss on those tokens), and the
+    two helpers the multi-turn rollout calls keep their shapes."""
+    assert "rollout_func" in _params(GRPOTrainer.__init__)
+    generate = inspect.getsource(GRPOTrainer._generate)
+    assert "output = self.rollout_func(prompts, self)" in generate
+    assert 'tool_mask = extra_fields.pop("env_mask", None)' in generate
+    assert _params(GRPOTrainer._tokenize_prompts) == ["self", "prompts"]
+    assert "return prompt_ids, images, multimodal_fields" in inspect.getsource(GRPOTrainer._tokenize_prompts)
+    single = inspect.getsource(GRPOTrainer._generate_single_turn)
+    assert _params(GRPOTrainer._generate_single_turn)[:5] == ["self", "prompt_ids", "images", "multimodal_fields",
+                                                             "num_generations"]
+    assert "return completion_ids, logprobs" in single
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    assert 'completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]' in loss
+
+
 def test_reward_functions_get_columns_as_kwargs_and_may_return_none():
     source = inspect.getsource(GRPOTrainer._calculate_rewards)
     assert "prompts=prompts, completions=completions, completion_ids=completion_ids_list, **reward_kwargs" in source

@@ -116,7 +116,7 @@ def _run_config(tmp_path) -> RunConfig:
         "mode": "worldModel",
         "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 8}},
         "tasks": {"builtin": "mini-ml"},
-        "algorithm": {"groupSize": 4, "groupsPerStep": 2, "steps": 2, "learningRate": 1e-2, "seed": 3},
+        "algorithm": {"groupSize": 4, "groupsPerStep": 2, "steps": 2, "learningRate": 1e-2, "seed": 3, "maxTurns": 1},
         "trainer": {"checkpoint": {"intervalSteps": 100}},
     })
     return RunConfig(metadata=RunMetadata(name="t"), spec=spec,

@@ -47,15 +47,19 @@ class ScriptedWorldModel:
     def __init__(self, noise: float = 0.05, bias: float = 0.0, ungraded: Callable[[str], bool] = lambda c: False):
         self.noise, self.bias, self.ungraded = noise, bias, ungraded
         self.observed: list[tuple[str, str, float]] = []
+        self.histories: list[tuple] = []
         self.calls = 0
 
     def predicted_score(self, code: str) -> float:
         return float(np.clip(quality(code) ** 2 + self.bias + self.noise * _z(code), 0.0, 1.0))
 
-    def grade(self, items: list[tuple[Task, str]]) -> list[Optional[Outcome]]:
+    def grade(self, items: list[tuple]) -> list[Optional[Outcome]]:
+        """Items are (task, code) or, for multi-turn trajectories, (task, code, history); histories are recorded."""
         self.calls += 1
-        return [None if self.ungraded(code) else Outcome(status=Status.VALID, rank_score=self.predicted_score(code))
-                for _, code in items]
+        self.histories.extend(tuple(item[2]) if len(item) > 2 else () for item in items)
+        return [None if self.ungraded(item[1]) else Outcome(status=Status.VALID, rank_score=self.predicted_score(item[1]),
+                                                            feedback="scripted prediction")
+                for item in items]
 
     def observe(self, task: Task, code: str, real: Outcome) -> None:
         self.observed.append((task.name, code, real.reward))

@@ -83,7 +83,7 @@ BASE_SPEC: dict[str, Any] = {
     "worldModel": {"backend": "learned"},
     "tasks": {"builtin": "mini-ml", "heldOut": ["iris", "wine", "diabetes", "friedman3"]},
     "algorithm": {
-        "groupSize": 8, "groupsPerStep": 4, "learningRate": 0.002,
+        "groupSize": 8, "groupsPerStep": 4, "learningRate": 0.002, "maxTurns": 1,
         "anchors": {"fraction": 0.25, "minPerStep": 1, "maxConcurrent": 8},
         "debiasing": {"minPairs": 32, "refitEvery": 16},
         "denoising": {"warmup": 4, "halfLife": 16},

@@ -60,7 +60,21 @@ PROMPT_WORDS: tuple[str, ...] = (
 
 MODEL_SIZES = {"hidden": 64, "layers": 2, "heads": 4}
 SFT = {"examples": 4000, "steps": 400, "batch": 64, "lr": 3e-3, "seed": 0}
-BUILTINS = ("tiny-coder",)
+BUILTINS = ("tiny-coder", "tiny-coder-multiturn")
+"""``tiny-coder`` writes one script; ``tiny-coder-multiturn`` also reads the observation after a turn
+(:func:`feedback_tokens`) and was warm-started on revise-after-feedback examples (:mod:`wmrl_demo.revisions`)."""
+OUTPUT_BLOCK = r"<output>[\s\S]*?</output>"
+"""The raw output part of an observation: the multi-turn tiny coder reads only the observation's header."""
+
+
+def feedback_tokens() -> list[str]:
+    """The observation header's ``key=value`` words (:func:`wmrl_trainer.observation.header`), one token each."""
+    from wmrl.outcome import QualityBucket, Status
+    from wmrl_trainer.observation import ERROR_TYPES, LINE_KINDS
+
+    return ([f"status={s.value}" for s in Status] + [f"error={e}" for e in (*ERROR_TYPES, "other", "none")]
+            + [f"where={k}" for k in (*LINE_KINDS, "none")] + [f"quality={b.value}" for b in (*QualityBucket,)]
+            + ["quality=none"])
 
 
 def default_cache_dir() -> Path:
@@ -76,8 +90,12 @@ def _keyword_filter() -> str:
     return rf"\b(?!(?:{words})\b)\w+\b|[^\w\s]"
 
 
-def build_tokenizer() -> Any:
-    """The tiny coder's tokenizer: code chunks as whole tokens, prompts reduced to keywords."""
+def build_tokenizer(multiturn: bool = False) -> Any:
+    """The tiny coder's tokenizer: code chunks as whole tokens, prompts reduced to keywords.
+
+    ``multiturn`` adds the observation header's words as tokens (matched in the raw text) and
+    drops the observation's ``<output>`` block.
+    """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -86,11 +104,16 @@ def build_tokenizer() -> Any:
     for word in PROMPT_WORDS:
         vocab[word] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    tok.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.Replace(Regex(_keyword_filter()), " ")])
+    steps = [normalizers.Lowercase(), normalizers.Replace(Regex(_keyword_filter()), " ")]
+    if multiturn:
+        steps.insert(0, normalizers.Replace(Regex(OUTPUT_BLOCK), " "))
+    tok.normalizer = normalizers.Sequence(steps)
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.Fuse()  # chunks carry their own newlines: concatenate them as they are
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tok.add_tokens([AddedToken(c.code, normalized=False, special=False) for c in solutions.CHUNKS])
+    if multiturn:
+        tok.add_tokens([AddedToken(word, normalized=False, special=False) for word in feedback_tokens()])
     bos_id = tok.token_to_id(BOS)
     tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)])
     fast = PreTrainedTokenizerFast(
@@ -186,9 +209,35 @@ def sft_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], lis
     return out
 
 
-def warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], steps: int, batch: int,
+def revision_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """(prompt ids, completion ids, loss mask) of the multi-turn warm start: a share
+    :data:`~wmrl_demo.revisions.REVISE_SHARE` are ``script 1, observation, script 2`` (the
+    observation masked out of the loss, as in RL), the rest single scripts."""
+    from wmrl_demo.revisions import REVISE_SHARE, revise, simulated_outcome
+    from wmrl_trainer.observation import observation_text
+    from wmrl_trainer.prompts import task_prompt
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        task = synthetic_task(rng)
+        prompt = tokenizer(task_prompt(task))["input_ids"]
+        first = solutions.sample_script(rng, task.kind)
+        ids = chunk_ids(tokenizer, first)
+        mask = [1] * len(ids)
+        if rng.random() < REVISE_SHARE:
+            outcome, blamed = simulated_outcome(first, task.kind, rng)
+            observation = tokenizer(observation_text(outcome, solutions.render(first)), add_special_tokens=False)["input_ids"]
+            second = chunk_ids(tokenizer, revise(first, blamed, task.kind, rng))
+            ids, mask = ids + observation + second, mask + [0] * len(observation) + [1] * len(second)
+        out.append((prompt, ids, mask))
+    return out
+
+
+def warm_start(model: Any, tokenizer: Any, examples: list[tuple], steps: int, batch: int,
                lr: float, seed: int) -> list[float]:
-    """Supervised next-token training on the completions (prompt tokens masked). Returns losses."""
+    """Supervised next-token training on the completions (prompt tokens masked, and the completion
+    tokens a third item's loss mask zeroes, if the example has one). Returns losses."""
     import torch
 
     threads = torch.get_num_threads()
@@ -199,7 +248,7 @@ def warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[
         torch.set_num_threads(threads)
 
 
-def _warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list[int]]], steps: int, batch: int,
+def _warm_start(model: Any, tokenizer: Any, examples: list[tuple], steps: int, batch: int,
                 lr: float, seed: int) -> list[float]:
     import torch
 
@@ -215,12 +264,15 @@ def _warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list
         labels = torch.full((batch, width), -100)
         mask = torch.zeros((batch, width), dtype=torch.long)
         for row, i in enumerate(idx):
-            prompt, completion = examples[i]
+            prompt, completion = examples[i][:2]
             seq = prompt + completion
             start = width - len(seq)  # left padding, as at generation time
             ids[row, start:] = torch.tensor(seq)
             mask[row, start:] = 1
-            labels[row, start + len(prompt):] = torch.tensor(completion)
+            targets = torch.tensor(completion)
+            if len(examples[i]) > 2:  # a loss mask over the completion (observations are not learned)
+                targets = torch.where(torch.tensor(examples[i][2]) == 1, targets, -100)
+            labels[row, start + len(prompt):] = targets
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         loss = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, labels=labels).loss
         opt.zero_grad()
@@ -233,7 +285,7 @@ def _warm_start(model: Any, tokenizer: Any, examples: list[tuple[list[int], list
 
 # ---------------------------------------------------------------- cache + entry point
 
-def recipe_hash() -> str:
+def recipe_hash(name: str = "tiny-coder") -> str:
     """Content hash of everything that determines the warm-started weights.
 
     Besides the recipe's data, the source of the network and of this module (tokenizer,
@@ -247,7 +299,15 @@ def recipe_hash() -> str:
     from wmrl_demo import tiny_coder_model
     from wmrl_demo.tiny_coder_model import NEXT_ROLES
 
-    sources = hashlib.sha256(Path(tiny_coder_model.__file__).read_bytes() + Path(__file__).read_bytes()).hexdigest()
+    files = [Path(tiny_coder_model.__file__), Path(__file__)]
+    multiturn = {}
+    if name == "tiny-coder-multiturn":
+        from wmrl_demo import revisions
+        from wmrl_trainer import observation
+
+        files += [Path(revisions.__file__), Path(observation.__file__)]
+        multiturn = {"name": name, "repair": revisions.REPAIR_PROBABILITY, "revise": revisions.REVISE_SHARE}
+    sources = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
     blob = json.dumps({
         "recipe": RECIPE_VERSION, "chunks": [(c.name, c.slot, c.code) for c in solutions.CHUNKS],
@@ -255,6 +315,7 @@ def recipe_hash() -> str:
         "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT,
         "kind_match": solutions.KIND_MATCH, "grammar": NEXT_ROLES, "task": repr(synthetic_task(random.Random(0))),
         "versions": [torch.__version__, transformers.__version__, tokenizers.__version__], "sources": sources,
+        **({"multiturn": multiturn} if multiturn else {}),
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -270,12 +331,13 @@ def sft_seed(warm_start_seed: int = 0) -> int:
     return SFT["seed"] + warm_start_seed
 
 
-def build_tiny_coder(directory: Path, warm_start_seed: int = 0) -> None:
-    """Build, warm-start and save the tiny coder into ``directory`` (seed: :func:`sft_seed`)."""
+def build_tiny_coder(directory: Path, warm_start_seed: int = 0, name: str = "tiny-coder") -> None:
+    """Build, warm-start and save builtin ``name`` into ``directory`` (seed: :func:`sft_seed`)."""
     seed = sft_seed(warm_start_seed)
-    tokenizer = build_tokenizer()
+    multiturn = name == "tiny-coder-multiturn"
+    tokenizer = build_tokenizer(multiturn)
     model = build_model(tokenizer, seed=seed)
-    examples = sft_examples(tokenizer, SFT["examples"], seed)
+    examples = (revision_examples if multiturn else sft_examples)(tokenizer, SFT["examples"], seed)
     losses = warm_start(model, tokenizer, examples, SFT["steps"], SFT["batch"], SFT["lr"], seed)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -290,7 +352,7 @@ def cache_name(name: str, warm_start_seed: int = 0) -> str:
     """
     sft_seed(warm_start_seed)  # validates
     suffix = f"-w{warm_start_seed}" if warm_start_seed else ""
-    return f"{name}-{recipe_hash()}{suffix}"
+    return f"{name}-{recipe_hash(name)}{suffix}"
 
 
 def builtin_path(name: str, cache_dir: str | Path | None = None, warm_start_seed: int = 0) -> Path:
@@ -304,7 +366,7 @@ def builtin_path(name: str, cache_dir: str | Path | None = None, warm_start_seed
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-building-", dir=root))
     try:
-        build_tiny_coder(staging, warm_start_seed)
+        build_tiny_coder(staging, warm_start_seed, name)
         try:
             os.rename(staging, target)
         except OSError:

@@ -13,6 +13,11 @@ update (TRL's log-prob passes, loss, backward, optimizer). The figure of merit i
 ``executionWaitFraction`` in mode ``wmrl``: the share of step time spent waiting on
 sandboxes (goal < 10%). ``wmrlAsync`` is mode ``wmrl`` with ``anchors.waitSeconds: 0`` (late anchor
 groups train on world-model rewards; their pairs still reach the calibration).
+
+``--max-turns 1,4`` (the default) measures every mode single-turn (``modes.<mode>``) and with
+multi-turn trajectories (``modes.<mode>@<turns>turns``, with the multi-turn tiny coder when the
+policy is the builtin one; ``wmrlAsync`` is single-turn only), and reports each mode's step cost
+at N turns relative to one turn (``turnCost``).
 """
 
 from __future__ import annotations
@@ -45,27 +50,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--anchor-fraction", type=float, default=0.25)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--sandbox-slots", type=int, default=4)
+    parser.add_argument("--max-turns", default="1,4", help="comma-separated spec.algorithm.maxTurns values")
 
 
-def run_config(args: argparse.Namespace, mode: str, sandbox_url: str, workdir: Path) -> Any:
+def run_config(args: argparse.Namespace, mode: str, sandbox_url: str, workdir: Path, max_turns: int = 1) -> Any:
     from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
     from wmrl.api.schema import WMRLRunSpec
 
+    policy = args.policy
+    if max_turns > 1 and policy == "builtin:tiny-coder":
+        policy = "builtin:tiny-coder-multiturn"
     spec = WMRLRunSpec.model_validate({
         "mode": "wmrl" if mode == ASYNC else mode,
-        "policy": {"model": args.policy, "rolloutEngine": "transformers",
+        "policy": {"model": policy, "rolloutEngine": "transformers",
                    "sampling": {"maxNewTokens": args.max_new_tokens}},
         "worldModel": {"backend": args.world_model},
         "tasks": {"builtin": "mini-ml"},
         "algorithm": {"groupSize": args.group_size, "groupsPerStep": args.groups, "steps": args.steps,
-                      "learningRate": 1e-4, "seed": 0,
+                      "learningRate": 1e-4, "seed": 0, "maxTurns": max_turns,
                       "anchors": {"fraction": args.anchor_fraction, "waitSeconds": 0.0 if mode == ASYNC else None}},
         "sandbox": {"timeoutSeconds": 60},
         "trainer": {"checkpoint": {"intervalSteps": 10**6}},
     })
-    return RunConfig(metadata=RunMetadata(name=f"bench-{mode.lower()}"), spec=spec,
-                     runtime=Runtime(checkpoint_dir=str(workdir / mode), patch_status=False, metrics_port=None,
-                                     sandbox_urls=[sandbox_url]))
+    return RunConfig(metadata=RunMetadata(name=f"bench-{mode.lower()}-{max_turns}"), spec=spec,
+                     runtime=Runtime(checkpoint_dir=str(workdir / f"{mode}-{max_turns}"), patch_status=False,
+                                     metrics_port=None, sandbox_urls=[sandbox_url]))
+
+
+def run_key(mode: str, max_turns: int) -> str:
+    return mode if max_turns == 1 else f"{mode}@{max_turns}turns"
 
 
 def summarise(records: list[Any]) -> dict[str, Any]:
@@ -85,6 +98,8 @@ def summarise(records: list[Any]) -> dict[str, Any]:
         "lateAnchors": int(sum(r.late_anchors for r in records)),
         "anchorGroupsPerStep": float(np.mean([r.anchor_groups for r in measured])),
         "ungraded": int(sum(r.ungraded for r in records)),
+        "meanTurns": (float(np.mean([r.turns["mean_turns"] for r in measured])) if measured and measured[0].turns
+                      else None),
         "warmupStep": records[0].to_json() if records else None,
     }
 
@@ -97,8 +112,13 @@ def main(args: argparse.Namespace) -> int:
 
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))
-    if unknown or args.steps < 1:
-        print(f"wmrl bench trainer: --modes must be among {MODES} and --steps >= 1", file=sys.stderr)
+    try:
+        turns = [int(t) for t in args.max_turns.split(",") if t]
+    except ValueError:
+        turns = []
+    if unknown or args.steps < 1 or not turns or any(t < 1 for t in turns):
+        print(f"wmrl bench trainer: --modes must be among {MODES}, --steps >= 1 and --max-turns positive integers",
+              file=sys.stderr)
         return 2
     results: dict[str, Any] = {
         "benchmark": "trainer",
@@ -108,15 +128,25 @@ def main(args: argparse.Namespace) -> int:
         "modes": {},
     }
     with tempfile.TemporaryDirectory(prefix="wmrl-bench-trainer-") as tmp, LocalServer(slots=args.sandbox_slots) as server:
-        for mode in modes:
-            records: list[Any] = []
-            started = time.perf_counter()
-            trainer = build_trainer(run_config(args, mode, server.url, Path(tmp)), callbacks=[records.append])
-            try:
-                trainer.train()
-            finally:
-                trainer.close()
-            results["modes"][mode] = {**summarise(records), "wallSeconds": time.perf_counter() - started}
+        for max_turns in turns:
+            for mode in modes:
+                if mode == ASYNC and max_turns > 1:
+                    continue  # anchors.waitSeconds is single-turn only
+                records: list[Any] = []
+                started = time.perf_counter()
+                config = run_config(args, mode, server.url, Path(tmp), max_turns)
+                trainer = build_trainer(config, callbacks=[records.append])
+                try:
+                    trainer.train()
+                finally:
+                    trainer.close()
+                results["modes"][run_key(mode, max_turns)] = {**summarise(records), "maxTurns": max_turns,
+                                                              "wallSeconds": time.perf_counter() - started}
+    results["turnCost"] = {
+        run_key(mode, t): results["modes"][run_key(mode, t)]["meanSeconds"]["total"] / results["modes"][mode]["meanSeconds"]["total"]
+        for mode in modes for t in turns if t > 1 and run_key(mode, t) in results["modes"] and mode in results["modes"]
+        and results["modes"][mode]["meanSeconds"]["total"] > 0
+    }
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

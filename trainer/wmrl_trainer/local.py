@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -228,10 +229,12 @@ class HeldOutEvaluator:
     """Mean real reward of sampled solutions on held-out tasks (see the module docstring)."""
 
     def __init__(self, tasks: Sequence[Any], dispatcher: Any, samples_per_task: int, seed: int,
-                 cache: Optional[dict] = None):
+                 cache: Optional[dict] = None, max_turns: int = 1):
         self.tasks, self.dispatcher = list(tasks), dispatcher
         self.samples, self.seed = samples_per_task, seed
         self.cache: dict[tuple[str, str], Optional[float]] = cache if cache is not None else {}
+        self.max_turns = max_turns
+        self.outcomes: dict[tuple[str, str], Any] = {}  # multi-turn: the real outcome (its feedback is shown)
 
     def sample(self, model: Any, tokenizer: Any, sampling: Any) -> list[tuple[Any, str]]:
         from wmrl_trainer.train import sample_solutions
@@ -239,7 +242,59 @@ class HeldOutEvaluator:
         return [(task, code) for task, codes in sample_solutions(model, tokenizer, self.tasks, sampling, self.samples,
                                                                  seed=self.seed) for code in codes]
 
+    def grade(self, items: list[tuple[Any, str]]) -> list[Any]:
+        """Real outcomes of (task, script) items, executed once each (None where the sandbox failed)."""
+        todo = {(t.name, code): t for t, code in items if (t.name, code) not in self.outcomes}
+        futures = {key: self.dispatcher.run_task(task, key[1]) for key, task in todo.items()}
+        cf.wait(list(futures.values()))  # each execution is bounded by the dispatcher
+        for key, future in futures.items():
+            if future.exception() is None and future.result() is not None:
+                self.outcomes[key] = future.result()
+        return [self.outcomes.get((t.name, code)) for t, code in items]
+
+    def evaluate_trajectories(self, model: Any, tokenizer: Any, sampling: Any) -> dict[str, Any]:
+        """Multi-turn evaluation: each trajectory sees the real feedback of its turns; its reward is its best turn's.
+
+        Besides the reward: the first turn's reward (what a single-turn policy would score)
+        and the repair rate (of trajectories whose first script did not produce a valid
+        submission, the share whose second did).
+        """
+        from wmrl.outcome import Status
+        from wmrl_trainer.train import sample_trajectories
+
+        started = time.perf_counter()
+        executed_before = len(self.outcomes)
+        trajectories = sample_trajectories(model, tokenizer, self.tasks, sampling, self.samples, self.max_turns,
+                                           self.grade, seed=self.seed)
+        rewards = [t.reward("real") for t in trajectories]
+        firsts = [t.turns[0].real.reward for t in trajectories if t.turns and t.turns[0].real is not None]
+        graded = [r for r in rewards if not math.isnan(r)]
+        by_task = {}
+        for task in self.tasks:
+            mine = [r for t, r in zip(trajectories, rewards) if t.task.name == task.name and not math.isnan(r)]
+            by_task[task.name] = sum(mine) / len(mine) if mine else None
+        failed_first = [t for t in trajectories if t.turns and t.turns[0].real is not None
+                        and t.turns[0].real.status is not Status.VALID]
+        retried = [t for t in failed_first if len(t.turns) >= 2]
+        repaired = [t for t in retried if t.turns[1].real is not None and t.turns[1].real.status is Status.VALID]
+        return {
+            "reward": sum(graded) / len(graded) if graded else None,
+            "first_turn_reward": sum(firsts) / len(firsts) if firsts else None,
+            "by_task": by_task,
+            "samples": len(trajectories),
+            "graded": len(graded),
+            "executed": len(self.outcomes) - executed_before,
+            "mean_turns": sum(len(t.turns) for t in trajectories) / len(trajectories),
+            "first_turn_failures": len(failed_first),
+            "repair_attempts": len(retried),
+            "repair_rate": len(repaired) / len(retried) if retried else None,
+            "distinct_scripts": len({turn.code for t in trajectories for turn in t.turns}),
+            "eval_seconds": time.perf_counter() - started,
+        }
+
     def evaluate(self, model: Any, tokenizer: Any, sampling: Any) -> dict[str, Any]:
+        if self.max_turns > 1:
+            return self.evaluate_trajectories(model, tokenizer, sampling)
         started = time.perf_counter()
         items = self.sample(model, tokenizer, sampling)
         todo = {(t.name, code): t for t, code in items if (t.name, code) not in self.cache}
@@ -398,7 +453,7 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
     steps = spec.algorithm.steps
     when = eval_steps(steps, options.eval_every)
     evaluator = HeldOutEvaluator(held_out, dispatcher, options.eval_samples, seed=spec.algorithm.seed + 7919,
-                                 cache=options.eval_cache)
+                                 cache=options.eval_cache, max_turns=spec.algorithm.max_turns)
     bar = None
     trainer = None
 

@@ -106,6 +106,8 @@ class StepRecord:
     mean_completion_tokens: Optional[float] = None
     entropy: Optional[float] = None
     health_warning: Optional[str] = None
+    # Multi-turn only (wmrl_trainer.turns.Trajectories.summary): mean turns, stop reasons, best turn, repair rate.
+    turns: Optional[dict] = None
 
     @property
     def execution_wait_fraction(self) -> float:
@@ -128,6 +130,8 @@ class Scored:
     calibrated: np.ndarray
     real: np.ndarray
     record: StepRecord
+    trajectories: Any = None
+    """The step's multi-turn trajectories (:class:`wmrl_trainer.turns.Trajectories`); None for single turns."""
 
 
 @dataclass
@@ -169,14 +173,14 @@ def _reward_or_nan(outcome: Optional[Outcome]) -> float:
 
 
 def _calibration_payload(groups: list[tuple]) -> list[dict]:
-    """``calibration.observe`` groups from (task, codes, wm, real, outcomes): only rows graded by both.
+    """``calibration.observe`` groups from (task, wm, real) rows of anchor groups: only rows graded by both.
 
     A row whose execution failed (real NaN) or that the world model did not grade (wm NaN)
     has no pair; the group's other pairs stay together as one group, and a group left
     without a pair is not sent.
     """
     payload = []
-    for task, _, wm, real, _ in groups:
+    for task, wm, real in groups:
         both = ~(np.isnan(wm) | np.isnan(real))
         if both.any():
             payload.append({"task": task.name, "wm": wm[both].tolist(), "env": real[both].tolist()})
@@ -223,24 +227,26 @@ class WMRLStep:
         """Start grading ``codes[g][i]`` (group ``g`` solves ``tasks[g]``): executions and world model, both non-blocking."""
         if len(tasks) != len(codes) or not codes:
             raise ValueError(f"need one task per group, got {len(tasks)} tasks for {len(codes)} groups")
-        n_groups = len(codes)
-        if self.mode is Mode.REAL:
-            anchors = list(range(n_groups))
-        elif self.mode is Mode.WMRL:
-            group_size = len(codes[0])
-            in_flight_groups = math.ceil(self._demand() / max(1, group_size))
-            anchors = self.selector.select(step, n_groups, in_flight=in_flight_groups)
-        else:
-            anchors = []
+        anchors = self._select_anchors(step, len(codes), len(codes[0]))
         pending = _Pending(step, list(tasks), [list(c) for c in codes], anchors, {}, None)
         for g in anchors:
             for i, code in enumerate(pending.codes[g]):
-                pending.executions[(g, i)] = self._execute(pending, (g, i), pending.tasks[g], code)
+                pending.executions[(g, i)] = self._execute(pending.tasks[g], code, (g, i), pending.durations, pending.lock)
         if self.mode is not Mode.REAL:
             pending.wm_future = self._wm_pool.submit(self._grade_world_model, pending.tasks, pending.codes)
         return pending
 
-    def _execute(self, pending: _Pending, key: tuple[int, int], task: Task, code: str) -> cf.Future:
+    def _select_anchors(self, step: int, n_groups: int, group_size: int) -> list[int]:
+        """The groups graded by real execution this step: all in mode real, the selector's in mode wmrl."""
+        if self.mode is Mode.REAL:
+            return list(range(n_groups))
+        if self.mode is Mode.WMRL:
+            in_flight_groups = math.ceil(self._demand() / max(1, group_size))
+            return self.selector.select(step, n_groups, in_flight=in_flight_groups)
+        return []
+
+    def _execute(self, task: Task, code: str, key: tuple[int, int], durations: dict, lock: threading.Lock) -> cf.Future:
+        """Start one execution; its duration lands in ``durations[key]`` when it finishes."""
         started = self.clock()
         try:
             future = self.dispatcher.run_task(task, code)
@@ -249,8 +255,8 @@ class WMRLStep:
             future.set_exception(exc)
 
         def done(_f: cf.Future) -> None:
-            with pending.lock:
-                pending.durations[key] = self.clock() - started
+            with lock:
+                durations[key] = self.clock() - started
 
         future.add_done_callback(done)
         return future
@@ -289,7 +295,6 @@ class WMRLStep:
         with pending.lock:
             record.sandbox_seconds = float(sum(pending.durations.values()))
 
-        t0 = self.clock()
         # An anchor group stays an anchor while at least one of its rows was executed: its failed rows
         # are ungraded (NaN), the others keep their real rewards. Only a group with no executed row is dropped.
         anchors = [g for g in pending.anchors
@@ -301,10 +306,25 @@ class WMRLStep:
         groups = [(pending.tasks[g], pending.codes[g], wm[g], real[g], [outcomes.get((g, i)) for i in range(group_size)])
                   for g in anchors]
         groups += self._fold_late(record)
+        pairs = [(task, group_wm, group_real) for task, _, group_wm, group_real, _ in groups]
+        observed = [(task, code, outcome) for task, codes, _, _, group_outcomes in groups
+                    for code, outcome in zip(codes, group_outcomes)]
+        return self._decide(record, wm, real, anchors, pairs, observed)
+
+    def _decide(self, record: StepRecord, wm: np.ndarray, real: np.ndarray, anchors: list[int],
+                pairs: list[tuple], observed: list[tuple]) -> Scored:
+        """Every row's reward from the world model's and the real rewards ``[n_groups, G]``.
+
+        ``pairs``: (task, wm, real) rows of the anchor groups whose pairs go to the calibration
+        (this step's and late ones); ``observed``: (task, code, real outcome or None) for the
+        learned world model. Anchor groups (``anchors``) train on their real rewards.
+        """
+        n_groups = wm.shape[0]
+        t0 = self.clock()
         calibrated = wm.copy()
         weight = 1.0
         if self.mode is Mode.WMRL:
-            payload = _calibration_payload(groups)
+            payload = _calibration_payload(pairs)
             if payload:
                 self.calibration.observe(payload)
             if self.algorithm.debiasing.enabled:
@@ -318,12 +338,11 @@ class WMRLStep:
             record.calibration_stale_seconds = self.calibration.stale_seconds
         record.calibration = self.clock() - t0
 
-        if self.mode is Mode.WMRL and groups and hasattr(self.world_model, "observe"):
+        if self.mode is Mode.WMRL and observed and hasattr(self.world_model, "observe"):
             t0 = self.clock()
-            for task, codes, _, _, group_outcomes in groups:
-                for code, outcome in zip(codes, group_outcomes):
-                    if outcome is not None:  # a failed execution has no real outcome to learn from
-                        self.world_model.observe(task, code, outcome)
+            for task, code, outcome in observed:
+                if outcome is not None:  # a failed execution has no real outcome to learn from
+                    self.world_model.observe(task, code, outcome)
             record.world_model += self.clock() - t0
 
         if self.mode is Mode.REAL:
@@ -343,6 +362,88 @@ class WMRLStep:
         record.demand = self._demand()
         weighted = anchors if self.mode is Mode.WMRL else []
         return Scored(rewards, weighted, weight, wm, calibrated, real, record)
+
+    # ------------------------------------------------------------------ multi-turn
+    def begin_trajectories(self, step: int, tasks: Sequence[Task], group_size: int) -> "Trajectories":
+        """Start one step of multi-turn trajectories, ``group_size`` per task (:mod:`wmrl_trainer.turns`).
+
+        The anchor groups are chosen now: their trajectories are graded by the sandbox on
+        every turn and see its real feedback; the others see the world model's.
+        """
+        from wmrl_trainer.turns import Trajectories
+
+        if not tasks or group_size < 1:
+            raise ValueError(f"need tasks and a group size, got {len(tasks)} tasks and group size {group_size}")
+        anchors = self._select_anchors(step, len(tasks), group_size)
+        record = StepRecord(step=step, mode=self.mode.value, rows=len(tasks) * group_size)
+        return Trajectories(step, list(tasks), group_size, anchors, record)
+
+    def grade_turn(self, batch: "Trajectories", rows: Sequence[tuple[int, int]], codes: Sequence[str]) -> None:
+        """Grade one turn of the trajectories ``rows`` ((group, row) keys), whose new scripts are ``codes``.
+
+        Anchor trajectories are executed (and, in mode wmrl, graded by the world model too,
+        for their calibration pair); the others are graded by the world model with the
+        trajectory so far in its prompt. Both run concurrently; the turn waits for both.
+        """
+        rows, codes = list(rows), list(codes)
+        if len(rows) != len(codes):
+            raise ValueError(f"{len(codes)} scripts for {len(rows)} trajectories")
+        record, anchors = batch.record, set(batch.anchors)
+        executions: dict[tuple[int, int], cf.Future] = {}
+        durations: dict[tuple[int, int], float] = {}
+        lock = threading.Lock()
+        for key, code in zip(rows, codes):
+            if key[0] in anchors:
+                executions[key] = self._execute(batch.tasks[key[0]], code, key, durations, lock)
+        wm: dict[tuple[int, int], Optional[Outcome]] = {}
+        if self.mode is not Mode.REAL:
+            t0 = self.clock()
+            items = [(batch.tasks[key[0]], code, tuple(batch.get(key).history())) for key, code in zip(rows, codes)]
+            outcomes = self.world_model.grade(items)
+            if len(outcomes) != len(items):
+                raise RuntimeError(f"world model returned {len(outcomes)} outcomes for {len(items)} rollouts")
+            wm = dict(zip(rows, outcomes))
+            record.world_model += self.clock() - t0
+            record.world_model_busy += self.clock() - t0
+        t0 = self.clock()
+        real: dict[tuple[int, int], Optional[Outcome]] = {}
+        if executions:
+            _, not_done = cf.wait(list(executions.values()), timeout=self.execution_timeout)
+            for key, future in executions.items():
+                if future in not_done:
+                    future.cancel()
+                    real[key] = None
+                else:
+                    real[key] = _result(future, key)
+            if not_done:
+                log.warning("%d executions missed the %.0f s deadline", len(not_done), self.execution_timeout)
+        record.execution += self.clock() - t0
+        record.executions += len(executions)
+        record.failed_executions += sum(real[k] is None for k in executions)
+        with lock:
+            record.sandbox_seconds += float(sum(durations.values()))
+        for key, code in zip(rows, codes):
+            batch.get(key).add_turn(code, world_model=wm.get(key), real=real.get(key), anchor=key[0] in anchors)
+
+    def finish_trajectories(self, batch: "Trajectories") -> Scored:
+        """Every trajectory's reward (its best turn's) and the step's calibration, as for single turns.
+
+        A trajectory's world-model reward is the best of the world model's rewards over its
+        turns, its real reward the best of its executed turns'; an anchor trajectory gives one
+        calibration pair (world model, real), as in the reference implementation.
+        """
+        record = batch.record
+        wm, real = batch.rewards("world_model"), batch.rewards("real")
+        record.distinct_per_group = distinct_per_group(batch.first_turn_codes())
+        # As for single turns: an anchor group stays one while one of its trajectories was executed to the end.
+        anchors = [g for g in batch.anchors if not np.isnan(real[g]).all()]
+        record.dropped_anchors = len(batch.anchors) - len(anchors) if self.mode is Mode.WMRL else 0
+        pairs = [(batch.tasks[g], wm[g], real[g]) for g in anchors]
+        observed = [(batch.tasks[g], turn.code, turn.real) for g in anchors
+                    for t in batch.groups[g] for turn in t.turns if turn.real is not None]
+        scored = self._decide(record, wm, real, anchors, pairs, observed)
+        scored.trajectories = batch
+        return scored
 
     def _collect(self, pending: _Pending, n_groups: int, group_size: int, wait: float):
         """Real rewards (NaN where not executed, failed or late), outcomes by row, failed row keys, late groups.

@@ -17,12 +17,13 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from wmrl.api.schema import GROUP, PLURAL, VERSION, PolicyHealth, Progress
+from wmrl.api.schema import GROUP, PLURAL, VERSION, PolicyHealth, Progress, TurnProgress
 from wmrl_trainer.loop import StepRecord
 
 log = logging.getLogger("wmrl.trainer.progress")
 PHASES = ("generation", "world_model", "execution", "calibration", "update")
 HEALTH_FIGURES = ("distinct_per_group", "truncated_share", "mean_completion_tokens", "entropy")
+TURN_FIGURES = ("mean_turns", "mean_best_turn", "repair_rate")
 
 
 class Totals:
@@ -43,6 +44,15 @@ class Totals:
         self.executions = int(data.get("executions", 0))
         self.sandbox_seconds = float(data.get("sandboxSeconds", 0.0))
         self.ungraded = int(data.get("ungraded", 0))
+
+
+def _turn_progress(turns: Optional[dict]) -> Optional[TurnProgress]:
+    if not turns:
+        return None
+    stops = turns.get("stops") or {}
+    return TurnProgress(mean_turns=turns.get("mean_turns"), mean_best_turn=turns.get("mean_best_turn"),
+                        repair_rate=turns.get("repair_rate"), stopped_at_top=stops.get("top", 0),
+                        stopped_at_budget=stops.get("budget", 0), ungraded=stops.get("ungraded", 0))
 
 
 def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
@@ -66,6 +76,7 @@ def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
         health=PolicyHealth(distinct_per_group=record.distinct_per_group, truncated_share=record.truncated_share,
                             mean_completion_tokens=record.mean_completion_tokens, entropy=record.entropy,
                             warning=record.health_warning),
+        turns=_turn_progress(record.turns),
         updated_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
 
@@ -126,6 +137,9 @@ class TrainerMetrics:
         self.health = Gauge("wmrl_trainer_policy_health", "Generation health of the last step", ["figure"], registry=r)
         self.degenerating = Gauge("wmrl_trainer_generation_degenerating", "1 while generation is degenerating",
                                   registry=r)
+        self.turns = Gauge("wmrl_trainer_turns", "Multi-turn figures of the last step", ["figure"], registry=r)
+        self.stops = Counter("wmrl_trainer_trajectory_stops", "Multi-turn trajectories by why they ended", ["reason"],
+                             registry=r)
         self._server = None
         if port is not None:
             self._server, self._thread = start_http_server(port, addr=addr, registry=r)
@@ -162,6 +176,12 @@ class TrainerMetrics:
             if value is not None:
                 self.health.labels(figure).set(value)
         self.degenerating.set(1 if record.health_warning else 0)
+        if record.turns:
+            for figure in TURN_FIGURES:
+                if record.turns.get(figure) is not None:
+                    self.turns.labels(figure).set(record.turns[figure])
+            for reason, count in (record.turns.get("stops") or {}).items():
+                self.stops.labels(reason).inc(count)
 
     def close(self) -> None:
         if self._server is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
 import logging
 import math
@@ -202,10 +203,30 @@ def sample_solutions(model: Any, tokenizer: Any, tasks: Sequence[Task], sampling
     when given), so evaluating never changes what training draws; the model's train/eval
     mode is restored afterwards.
     """
-    import torch
-
     from wmrl_trainer.grpo import completion_text
     from wmrl_trainer.loop import extract_code
+
+    with sampling_mode(model, seed):
+        for task in tasks:
+            prompt = make_prompt(task, tokenizer)
+            if isinstance(prompt, list):
+                ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
+                                                    return_dict=True)
+            else:
+                ids = tokenizer(prompt, return_tensors="pt")
+            ids = {k: v.to(model.device) for k, v in ids.items()}
+            out = model.generate(**ids, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_new_tokens=sampling.max_new_tokens, num_return_sequences=samples_per_task,
+                                 pad_token_id=tokenizer.pad_token_id)
+            texts = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+            yield task, [extract_code(completion_text(t)) for t in texts]
+
+
+@contextlib.contextmanager
+def sampling_mode(model: Any, seed: Optional[int]) -> Iterator[None]:
+    """Eval mode, no gradients and forked torch RNG streams (seeded with ``seed`` when given), so
+    sampling never changes what training draws; the model's train/eval mode is restored."""
+    import torch
 
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     was_training = model.training
@@ -214,21 +235,72 @@ def sample_solutions(model: Any, tokenizer: Any, tasks: Sequence[Task], sampling
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             if seed is not None:
                 torch.manual_seed(seed)
-            for task in tasks:
-                prompt = make_prompt(task, tokenizer)
-                if isinstance(prompt, list):
-                    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
-                                                        return_dict=True)
-                else:
-                    ids = tokenizer(prompt, return_tensors="pt")
-                ids = {k: v.to(model.device) for k, v in ids.items()}
-                out = model.generate(**ids, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                     max_new_tokens=sampling.max_new_tokens, num_return_sequences=samples_per_task,
-                                     pad_token_id=tokenizer.pad_token_id)
-                texts = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-                yield task, [extract_code(completion_text(t)) for t in texts]
+            yield
     finally:
         model.train(was_training)
+
+def prompt_ids(task: Task, tokenizer: Any) -> list[int]:
+    """The token ids of ``task``'s prompt, as generation sees them (chat template or plain text)."""
+    prompt = make_prompt(task, tokenizer)
+    if isinstance(prompt, list):
+        return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"])
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def _generate_batch(model: Any, tokenizer: Any, inputs: list[list[int]], sampling: Any) -> list[list[int]]:
+    """One sampled continuation per input (left-padded batch, as TRL's transformers path generates)."""
+    import torch
+
+    width = max(len(ids) for ids in inputs)
+    ids = torch.full((len(inputs), width), tokenizer.pad_token_id)
+    mask = torch.zeros((len(inputs), width), dtype=torch.long)
+    for row, seq in enumerate(inputs):
+        ids[row, width - len(seq):] = torch.tensor(seq)
+        mask[row, width - len(seq):] = 1
+    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
+                         temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens,
+                         pad_token_id=tokenizer.pad_token_id)
+    pad = tokenizer.pad_token_id
+    return [[t for t in row.tolist() if t != pad] for row in out[:, width:]]
+
+
+def sample_trajectories(model: Any, tokenizer: Any, tasks: Sequence[Task], sampling: Any, samples_per_task: int,
+                        max_turns: int, grade: Callable[[list[tuple[Task, str]]], list[Any]],
+                        seed: Optional[int] = None) -> list[Any]:
+    """Multi-turn counterpart of :func:`sample_solutions`: ``samples_per_task`` trajectories per task,
+    each turn graded by ``grade`` (real outcomes, or None when ungraded) and shown to the next.
+
+    Returns :class:`wmrl_trainer.turns.Trajectory` objects (graded as anchors: what they saw is
+    ``grade``'s). Same RNG and train/eval-mode hygiene as :func:`sample_solutions`.
+    """
+    from wmrl_trainer.grpo import completion_text, observation_ids
+    from wmrl_trainer.loop import extract_code
+    from wmrl_trainer.turns import Trajectory
+
+    rows = [task for task in tasks for _ in range(samples_per_task)]
+    prompts = {task.name: prompt_ids(task, tokenizer) for task in tasks}
+    trajectories = [Trajectory(task, anchor=True) for task in rows]
+    history: list[list[int]] = [[] for _ in rows]
+    with sampling_mode(model, seed):
+        for turn in range(max_turns):
+            active = [r for r, t in enumerate(trajectories) if not t.done]
+            if not active:
+                break
+            new = _generate_batch(model, tokenizer, [prompts[rows[r].name] + history[r] for r in active], sampling)
+            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+            codes = [extract_code(completion_text(t)) for t in texts]
+            outcomes = grade([(rows[r], code) for r, code in zip(active, codes)])
+            for j, r in enumerate(active):
+                trajectory = trajectories[r]
+                trajectory.add_turn(codes[j], world_model=None, real=outcomes[j], anchor=True)
+                if trajectory.done:
+                    continue
+                if turn == max_turns - 1:
+                    trajectory.end("turns")
+                else:
+                    history[r] += new[j] + observation_ids(tokenizer, trajectory.turns[-1].observation)
+    return trajectories
+
 
 class WMRLTrainer:
     """One run: ``train()``, ``evaluate()``, ``save_checkpoint()``; see the module docstring."""
@@ -446,6 +518,9 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if mode is Mode.WMRL:
         a = alg.anchors
         selector = AnchorSelector(a.fraction, a.min_per_step, a.max_concurrent, alg.seed)
+    if spec.policy.model == "builtin:tiny-coder" and alg.max_turns > 1:
+        raise ValueError("spec.algorithm.maxTurns: builtin:tiny-coder writes one script and cannot read feedback; "
+                         "set maxTurns: 1, or use builtin:tiny-coder-multiturn")
     model, tokenizer = policy if policy is not None else load_policy(spec.policy.model)
     _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / "initial-policy")
 
@@ -461,6 +536,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     grpo = WMRLGRPOTrainer(
         model=model, args=grpo_args(config, str(Path(config.runtime.checkpoint_dir) / "trl"), use_cuda),
         train_dataset=dataset, processing_class=tokenizer, wmrl_step=step, tasks=by_name,
+        max_turns=alg.max_turns, max_trajectory_tokens=alg.max_trajectory_tokens,
     )
     from transformers.trainer_callback import PrinterCallback
 

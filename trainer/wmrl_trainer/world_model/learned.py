@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -50,6 +51,13 @@ _RUNGS: tuple[tuple[Status, Optional[QualityBucket], float], ...] = (
     *((Status.VALID, b, VALID_BASE + VALID_SPAN * s) for b, s in BUCKET_RANK_SCORE.items()),
 )
 _CACHE_SIZE = 4096
+_READS_OUTSIDE_DATA = re.compile(r"""(loadtxt|genfromtxt|read_csv)\(\s*['"](?!data/)""")
+"""A data file read from outside ``data/``, where the task contract puts it (a predicted FileNotFoundError)."""
+
+
+def _first_line(code: str, pattern: re.Pattern) -> Optional[int]:
+    """The 1-based number of the first line of ``code`` matching ``pattern`` (where a predicted error is reported)."""
+    return next((n for n, text in enumerate(code.splitlines(), start=1) if pattern.search(text)), None)
 
 
 @dataclass(frozen=True)
@@ -247,7 +255,7 @@ class LearnedWorldModel(GatedWorldModel):
         with self._lock:
             return self._analyse(task, code)[1].mean
 
-    def _outcome(self, reward: float, facts: CodeFacts, task: Task) -> Outcome:
+    def _outcome(self, reward: float, facts: CodeFacts, task: Task, code: str) -> Outcome:
         status, bucket, _ = min(_RUNGS, key=lambda rung: abs(rung[2] - reward))
         if status is Status.VALID:
             score = float(np.clip((reward - VALID_BASE) / VALID_SPAN, 0.0, 1.0)) if self.continuous else None
@@ -257,13 +265,19 @@ class LearnedWorldModel(GatedWorldModel):
             why = "no submission.csv was written" if not facts.writes_submission else "invalid submission"
             return Outcome(status=status, feedback=f"{why} (predicted)")
         error_type, line, message = "Exception", None, "the script raised (predicted)"
+        outside = _first_line(code, _READS_OUTSIDE_DATA)
         if facts.undefined:
             name, line = facts.undefined[0]
             error_type, message = "NameError", f"name '{name}' is not defined"
         elif facts.missing_modules:
-            error_type, message = "ModuleNotFoundError", f"No module named '{facts.missing_modules[0]}'"
+            module = facts.missing_modules[0]
+            error_type, message = "ModuleNotFoundError", f"No module named '{module}'"
+            line = _first_line(code, re.compile(rf"^\s*(import|from)\s+{re.escape(module)}\b"))
+        elif outside is not None:
+            error_type, line, message = "FileNotFoundError", outside, "the data file is not where the script reads it"
         elif facts.estimator_kind() not in (None, task.kind):
             error_type, message = "ValueError", "Unknown label type: continuous"
+            line = _first_line(code, re.compile(r"\.fit\("))
         where = f'  File "main.py", line {line}, in <module>\n' if line else ""
         return Outcome(status=status, error_type=error_type, error_line=line,
                        feedback=f"Traceback (most recent call last):\n{where}{error_type}: {message}")
@@ -272,7 +286,7 @@ class LearnedWorldModel(GatedWorldModel):
         means, _ = self.predict_reward(items)
         with self._lock:
             facts = [self._analyse(task, code)[2] for task, code in items]
-        return [self._outcome(float(m), f, task) for m, f, (task, _) in zip(means, facts, items)]
+        return [self._outcome(float(m), f, task, code) for m, f, (task, code) in zip(means, facts, items)]
 
     # -------------------------------------------------------------- learning
 
