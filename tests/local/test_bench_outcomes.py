@@ -53,6 +53,14 @@ def test_step_cost_charges_the_judge_only_for_world_model_grading():
     assert step_cost(_record("worldModel"), [], slots=2, judge_cost=0.0).total == pytest.approx(1.0)
 
 
+def test_a_multi_turn_step_pays_its_turns_one_after_another():
+    record = {**_record("real", rows=4), "turns": {"executions_per_turn": [4, 2, 1]}}
+    cost = step_cost(record, [1.0, 1.0, 1.0, 1.0, 3.0, 1.0, 2.0], slots=4, judge_cost=0.0)
+    assert cost.executions == pytest.approx(1.0 + 3.0 + 2.0)  # together, every execution would end by 3.0
+    single = step_cost(_record("real", rows=7), [1.0, 1.0, 1.0, 1.0, 3.0, 1.0, 2.0], slots=4, judge_cost=0.0)
+    assert single.executions == pytest.approx(3.0)
+
+
 @pytest.fixture(scope="module")
 def tasks():
     return {t.name: t for t in builtin_suite("mini-ml")}

@@ -103,6 +103,28 @@ def test_bench_end_to_end_extra_tiny(tmp_path):
     assert png.stat().st_size > 5000 and "Page's L test" in md.read_text()
 
 
+def test_the_multi_turn_preset_trains_four_turn_arms_at_equal_cost(tmp_path):
+    out = tmp_path / "speedup.json"
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--multiturn", "--seeds", "1",
+                           "--steps", "2", "--eval-points", "1", "--group-size", "2", "--groups-per-step", "2",
+                           "--held-out", "iris", "--workers", "1", "--sandboxes", "2", "--cap", "2",
+                           "--json", str(out)], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["max_turns"] == 4 and set(data["arms"]) == {"real", "worldModel", "wmrl"}
+    assert "sampled trajectories" in data["held_out_evaluation"]
+    for run in data["runs"]:
+        assert run["job"]["spec_overrides"]["max_turns"] == 4
+        point = run["curve"][-1]
+        assert point["samples"] == 256 and 1.0 <= point["mean_turns"] <= 4.0
+        assert point["first_turn_reward"] <= point["reward"] + 1e-9  # the best turn is at least the first
+    real = next(r for r in data["runs"] if r["arm"] == "real")
+    assert real["executions"] >= 2 * 2 * 2  # every trajectory executed on each of its turns, 2 steps
+    assert proc.returncode == 0 and subprocess.run(
+        [sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--multiturn", "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=120).returncode == 2  # two presets at once: refused
+
+
 def test_a_finished_run_is_reused_only_for_the_same_job(tmp_path):
     from wmrl_bench.arm_run import Job, _finished, _identity
 

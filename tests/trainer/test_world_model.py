@@ -389,3 +389,16 @@ def test_unreachable_server_is_ungraded():
         assert model.grade([(TASK, GOOD)]) == [None]
     finally:
         model.close()
+
+
+def test_the_world_model_reads_earlier_observations_without_the_request_for_the_next_turn():
+    from wmrl.outcome import Outcome, Status
+    from wmrl_trainer.observation import REVISE_REQUEST, observation_text
+    from wmrl_trainer.prompts import world_model_messages
+
+    crash = Outcome(status=Status.RUNTIME_ERR, error_type="ValueError", error_line=1, feedback="ValueError: bad")
+    observation = observation_text(crash, GOOD)
+    assert REVISE_REQUEST in observation  # the agent is asked for a revision...
+    prompt = world_model_messages(TASK, GOOD, history=[(GOOD, observation)])[-1]["content"]
+    assert "status=runtime_err" in prompt and "ValueError: bad" in prompt
+    assert REVISE_REQUEST not in prompt  # ...the world model only reads what happened

@@ -10,10 +10,13 @@ steps cost almost nothing, at fractions of its step cap instead), and stops once
 spent the budget or reached its step cap. Its ``result.json`` is written last, atomically: a
 benchmark run again with the same ``--work-dir`` reuses every run that finished.
 
-Held-out reward is exact: the expected real reward under the policy's own sampling
-distribution, summed over every script it can write for each held-out task
+Held-out reward is exact for single turns: the expected real reward under the policy's own
+sampling distribution, summed over every script it can write for each held-out task
 (:func:`wmrl_demo.script_space.script_distribution`), with each script's real outcome from
-the table. No sampling noise, so 20 seeds measure the seeds, not the evaluation.
+the table. No sampling noise, so 20 seeds measure the seeds, not the evaluation. Multi-turn
+runs sample :data:`~wmrl_bench.speedup.EVAL_TRAJECTORIES` trajectories per task instead
+(each turn shown its real feedback, from the table; the same sampling seed at every
+evaluation of a run), and report the best-turn reward, the first turn's and the repair rate.
 """
 
 from __future__ import annotations
@@ -72,13 +75,34 @@ def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: A
     return {"reward": float(np.mean(list(by_task.values()))), "by_task": by_task, "scripts": scripts, "mass": mass}
 
 
+def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: Any, dispatcher: Any,
+                               max_turns: int, samples: int, seed: int) -> dict[str, Any]:
+    """Mean best-turn real reward of ``samples`` sampled trajectories per held-out task (outcomes from the table)."""
+    from wmrl.outcome import Status
+    from wmrl_trainer.train import sample_trajectories
+
+    def grade(items: list[tuple[Any, str]]) -> list[Any]:
+        dispatcher.fill(items)
+        return [dispatcher.table.get(task, code).outcome for task, code in items]
+
+    trajectories = sample_trajectories(model, tokenizer, held_out, sampling, samples, max_turns, grade, seed=seed)
+    by_task = {task.name: float(np.mean([t.reward("real") for t in trajectories if t.task.name == task.name]))
+               for task in held_out}
+    retried = [t for t in trajectories if len(t.turns) >= 2 and t.turns[0].real.status is not Status.VALID]
+    repaired = [t for t in retried if t.turns[1].real.status is Status.VALID]
+    return {"reward": float(np.mean(list(by_task.values()))), "by_task": by_task,
+            "first_turn_reward": float(np.mean([t.turns[0].real.reward for t in trajectories])),
+            "mean_turns": float(np.mean([len(t.turns) for t in trajectories])),
+            "repair_rate": len(repaired) / len(retried) if retried else None, "samples": samples}
+
+
 def run_job(job: Job) -> dict[str, Any]:
     """Train one (arm, bias level, seed) until the budget or the step cap; its curve and costs."""
     import torch
 
     from wmrl_bench.cost import step_cost
     from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
-    from wmrl_bench.speedup import arm_config
+    from wmrl_bench.speedup import EVAL_TRAJECTORIES, arm_config
     from wmrl_demo.demo_policy import load_builtin
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
     from wmrl_trainer.local import local_runtime, quiet_libraries
@@ -114,7 +138,12 @@ def run_job(job: Job) -> dict[str, Any]:
 
     def evaluate() -> None:
         model = trainer.grpo.accelerator.unwrap_model(trainer.grpo.model)
-        point = held_out_reward(model, trainer.grpo.processing_class, held_out, spec.policy.sampling, dispatcher)
+        if spec.algorithm.max_turns > 1:
+            point = held_out_trajectory_reward(model, trainer.grpo.processing_class, held_out, spec.policy.sampling,
+                                               dispatcher, spec.algorithm.max_turns, EVAL_TRAJECTORIES,
+                                               seed=7919 + job.seed)
+        else:
+            point = held_out_reward(model, trainer.grpo.processing_class, held_out, spec.policy.sampling, dispatcher)
         point.update(step=totals["steps"], cost_s=totals["cost_s"], executions=totals["executions"])
         curve.append(point)
 
@@ -143,7 +172,7 @@ def run_job(job: Job) -> dict[str, Any]:
             trainer.request_stop()
 
     try:
-        policy = load_builtin("tiny-coder", warm_start_seed=job.seed)
+        policy = load_builtin(spec.policy.model.removeprefix("builtin:"), warm_start_seed=job.seed)
         trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
                                 callbacks=[on_step])
         evaluate()

@@ -11,7 +11,8 @@ A step's cost (seconds of the trainer's machine, which waits on everything below
   ``learned`` judge costs ~1 ms; this term charges what the paper's would;
 * **executions**: the makespan of the step's real executions on ``slots`` sandbox slots,
   each taking its measured time from the outcome table, handed out in submission order
-  to the first free slot (what the dispatcher does).
+  to the first free slot (what the dispatcher does). In a multi-turn step a turn's
+  executions run together and the next turn waits for them: the makespans of its turns add up.
 """
 
 from __future__ import annotations
@@ -56,4 +57,16 @@ def step_cost(record: dict[str, Any], durations: Sequence[float], slots: int, ju
     rows = int(record["rows"])
     graded_by_world_model = rows if record["mode"] != "real" else 0
     judge = judge_cost * float(record["generation"]) / max(1, rows) * graded_by_world_model
-    return StepCost(compute, judge, makespan(durations, slots))
+    return StepCost(compute, judge, sum(makespan(wave, slots) for wave in turn_waves(record, durations)))
+
+
+def turn_waves(record: dict[str, Any], durations: Sequence[float]) -> list[Sequence[float]]:
+    """The step's execution durations split into its turns (one wave for a single-turn step)."""
+    counts = (record.get("turns") or {}).get("executions_per_turn")
+    if not counts or sum(counts) != len(durations):
+        return [durations]
+    waves, start = [], 0
+    for count in counts:
+        waves.append(durations[start:start + count])
+        start += count
+    return waves

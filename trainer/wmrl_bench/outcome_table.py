@@ -205,11 +205,13 @@ class TableDispatcher:
         """Measured seconds of every execution the trainer asked for since the last call, in order.
 
         Call it once the trainer has its results; an execution that failed (or is still
-        running) has no measured time and costs nothing here.
+        running) has no measured time and costs nothing here (0 s: the list keeps one entry
+        per request, so it splits into a multi-turn step's turns by their counts).
         """
         with self._lock:
             charged, self._charged = self._charged, []
-        return [f.result().seconds for f in charged if f.done() and not f.cancelled() and f.exception() is None]
+        return [f.result().seconds if f.done() and not f.cancelled() and f.exception() is None else 0.0
+                for f in charged]
 
     def run_task(self, task: Task, code: str, run_timeout: Optional[float] = None) -> cf.Future:
         result: cf.Future = cf.Future()

@@ -99,18 +99,29 @@ PRESETS: dict[str, dict[str, Any]] = {
               "arms": ("real", "worldModel", *ABLATION_ORDER)},
     "full": {"seeds": 10, "ablation_seeds": 20, "steps": 20, "eval_points": 10, "bias_grid": BIAS_GRID,
              "arms": tuple(ARMS)},
+    # The paper's 4-turn loop with the multi-turn tiny coder; held-out reward from sampled trajectories.
+    "multiturn": {"seeds": 3, "ablation_seeds": 3, "steps": 12, "eval_points": 4, "bias_grid": (HEADLINE_OPTIMISM,),
+                  "arms": ("real", "worldModel", "wmrl"), "max_turns": 4},
 }
+MULTI_TURN_POLICY = "tiny-coder-multiturn"
+EVAL_TRAJECTORIES = 256
+"""Held-out trajectories sampled per task and evaluation in multi-turn runs (the trajectory tree is too
+large to enumerate; each trajectory's turns are graded from the outcome table)."""
 
 
 def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dict[str, Any] = BASE_SPEC,
                group_size: Optional[int] = None, groups_per_step: Optional[int] = None,
-               held_out: Optional[Sequence[str]] = None) -> RunConfig:
-    """The run of ``arm`` at ``seed`` and judge ``optimism``: the base spec with the arm's fields, nothing else."""
+               held_out: Optional[Sequence[str]] = None, max_turns: int = 1) -> RunConfig:
+    """The run of ``arm`` at ``seed`` and judge ``optimism``: the base spec with the arm's fields, nothing else
+    (``max_turns`` > 1: the multi-turn tiny coder with that many turns)."""
     settings = ARMS[arm]
     spec = json.loads(json.dumps(base))
     spec["mode"] = settings["mode"]
     alg = spec.setdefault("algorithm", {})
     alg["seed"], alg["steps"] = seed, steps
+    if max_turns > 1:
+        alg["maxTurns"] = max_turns
+        spec["policy"]["model"] = f"builtin:{MULTI_TURN_POLICY}"
     if group_size is not None:
         alg["groupSize"] = group_size
     if groups_per_step is not None:
@@ -330,6 +341,8 @@ def prefill_held_out(table_dispatcher: Any, held_out: Sequence[Any], sampling: A
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help=f"the quick preset ({PRESETS['quick']})")
+    parser.add_argument("--multiturn", action="store_true",
+                        help=f"the multi-turn preset ({PRESETS['multiturn']}): the paper's 4-turn loop")
     parser.add_argument("--json", metavar="PATH", required=True, help="write the results JSON here")
     parser.add_argument("--plot", metavar="PATH", help="write the comparison PNG here")
     parser.add_argument("--markdown", metavar="PATH", help="write the Markdown tables here")
@@ -371,7 +384,11 @@ def main(args: argparse.Namespace) -> int:
     from wmrl_trainer.local import LocalServices, quiet_libraries
 
     quiet_libraries()
-    preset = dict(PRESETS["quick" if args.quick else "full"])
+    if args.quick and args.multiturn:
+        print("wmrl bench speedup: --quick and --multiturn are two presets; choose one", file=sys.stderr)
+        return 2
+    preset = dict(PRESETS["multiturn" if args.multiturn else "quick" if args.quick else "full"])
+    max_turns = int(preset.get("max_turns", 1))
     arms = _csv(args.arms, str) or list(preset["arms"])
     levels = _csv(args.bias, float) or list(preset["bias_grid"])
     seeds = args.seeds or preset["seeds"]
@@ -395,7 +412,7 @@ def main(args: argparse.Namespace) -> int:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     real_seeds = max(seeds, ablation_seeds if "wmrl" in arms else 0)  # wmrl is paired with real seed by seed
     overrides = {"group_size": args.group_size, "groups_per_step": args.groups_per_step,
-                 "held_out": _csv(args.held_out, str)}
+                 "held_out": _csv(args.held_out, str), "max_turns": max_turns}
     try:
         tasks = builtin_suite("mini-ml")
         table = OutcomeTable(Path(args.table)) if args.table else OutcomeTable.for_suite(tasks, SUITE_VERSION)
@@ -436,11 +453,13 @@ def main(args: argparse.Namespace) -> int:
         levels_out[f"{level:g}"] = level_summary(by_arm, budget)
     headline = f"{HEADLINE_OPTIMISM:g}" if f"{HEADLINE_OPTIMISM:g}" in levels_out else next(iter(levels_out))
     results = {
-        "benchmark": "speedup", "version": 2, "quick": bool(args.quick),
+        "benchmark": "speedup", "version": 2, "quick": bool(args.quick), "max_turns": max_turns,
         "budget_s": budget, "real_steps": steps, "step_cap": cap, "slots": args.slots, "judge_cost": args.judge_cost,
         "eval_points": eval_points, "bias_grid": list(BIAS_GRID), "levels_run": levels, "headline_optimism": float(headline),
         "seeds": seeds, "ablation_seeds": ablation_seeds, "real_seeds": real_seeds,
-        "held_out_tasks": [t.name for t in held_out], "held_out_evaluation": "exact expectation over the policy's scripts",
+        "held_out_tasks": [t.name for t in held_out],
+        "held_out_evaluation": (f"mean best-turn real reward of {EVAL_TRAJECTORIES} sampled trajectories per task"
+                                if max_turns > 1 else "exact expectation over the policy's scripts"),
         "base_spec": BASE_SPEC, "outcome_table": {"path": str(table.path), "entries": len(OutcomeTable(table.path))},
         "machine": {"cpus": os.cpu_count(), "workers": args.workers, "sandboxes": args.sandboxes},
         **{k: levels_out[headline][k] for k in ("target_reward", "speedup", "arms")},

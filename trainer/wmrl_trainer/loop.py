@@ -419,6 +419,7 @@ class WMRLStep:
                 log.warning("%d executions missed the %.0f s deadline", len(not_done), self.execution_timeout)
         record.execution += self.clock() - t0
         record.executions += len(executions)
+        batch.executions_per_turn.append(len(executions))
         record.failed_executions += sum(real[k] is None for k in executions)
         with lock:
             record.sandbox_seconds += float(sum(durations.values()))

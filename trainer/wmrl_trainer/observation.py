@@ -16,6 +16,8 @@ from typing import Optional
 from wmrl.outcome import Outcome, Status, quality_of
 
 OUTPUT_CHARS = 1200
+REVISE_REQUEST = "Revise the script and reply with the complete new script in a single ```python code block."
+"""The observation's last line: the request for the next turn (the world model's prompt leaves it out)."""
 HEADER = "[execution]"
 LINE_KINDS: tuple[str, ...] = ("import", "load", "preprocess", "model", "fit", "predict", "write", "other")
 ERROR_TYPES: tuple[str, ...] = (
@@ -60,5 +62,4 @@ def observation_text(outcome: Outcome, code: str) -> str:
     output = (outcome.feedback or "").strip()
     if len(output) > OUTPUT_CHARS:
         output = "..." + output[-OUTPUT_CHARS:]
-    return (f"\n{header(outcome, code)}\n<output>\n{output}\n</output>\n"
-            "Revise the script and reply with the complete new script in a single ```python code block.\n")
+    return f"\n{header(outcome, code)}\n<output>\n{output}\n</output>\n{REVISE_REQUEST}\n"

@@ -115,6 +115,13 @@ def _numbered(code: str) -> str:
     return "\n".join(f"{i:>{width}} | {line}" for i, line in enumerate(lines, start=1))
 
 
+def _seen(observation: str) -> str:
+    """An earlier observation as the world model reads it: without its request for the next turn."""
+    from wmrl_trainer.observation import REVISE_REQUEST
+
+    return observation.replace(REVISE_REQUEST, "").strip()
+
+
 def _history_block(history: History) -> str:
     """The trajectory so far, compactly: each earlier script (no line numbers) and what the agent saw after it."""
     if not history:
@@ -123,7 +130,7 @@ def _history_block(history: History) -> str:
              "writing the next one):"]
     for n, (code, observation) in enumerate(history, start=1):
         parts.append(f"Attempt {n} script:\n```\n{code.rstrip()}\n```\n"
-                     f"What the agent saw after attempt {n}:\n{observation.strip() or '(nothing)'}")
+                     f"What the agent saw after attempt {n}:\n{_seen(observation) or '(nothing)'}")
     return "\n\n".join(parts) + "\n\n"
 
 

@@ -111,6 +111,8 @@ class Trajectories:
     anchors: list[int]
     record: StepRecord
     groups: list[list[Trajectory]] = field(default_factory=list)
+    executions_per_turn: list[int] = field(default_factory=list)
+    """Real executions of each turn, in order (a turn's executions run together; turns one after another)."""
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -154,4 +156,5 @@ class Trajectories:
             "mean_best_turn": float(np.mean(best)) + 1 if best else None,
             "repair_rate": len(repaired) / len(failed_first) if failed_first else None,
             "repair_attempts": len(failed_first),
+            "executions_per_turn": list(self.executions_per_turn),
         }
