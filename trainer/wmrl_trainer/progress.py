@@ -52,7 +52,8 @@ def _turn_progress(turns: Optional[dict]) -> Optional[TurnProgress]:
     stops = turns.get("stops") or {}
     return TurnProgress(mean_turns=turns.get("mean_turns"), mean_best_turn=turns.get("mean_best_turn"),
                         repair_rate=turns.get("repair_rate"), stopped_at_top=stops.get("top", 0),
-                        stopped_at_budget=stops.get("budget", 0), ungraded=stops.get("ungraded", 0))
+                        stopped_at_budget=stops.get("budget", 0), ungraded=stops.get("ungraded", 0),
+                        valid_by_turn=list(turns.get("valid_share_by_turn") or []))
 
 
 def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
@@ -140,6 +141,8 @@ class TrainerMetrics:
         self.turns = Gauge("wmrl_trainer_turns", "Multi-turn figures of the last step", ["figure"], registry=r)
         self.stops = Counter("wmrl_trainer_trajectory_stops", "Multi-turn trajectories by why they ended", ["reason"],
                              registry=r)
+        self.valid_by_turn = Gauge("wmrl_trainer_turn_valid_share", "Share of valid runs at each turn of the last step",
+                                   ["turn"], registry=r)
         self._server = None
         if port is not None:
             self._server, self._thread = start_http_server(port, addr=addr, registry=r)
@@ -182,6 +185,9 @@ class TrainerMetrics:
                     self.turns.labels(figure).set(record.turns[figure])
             for reason, count in (record.turns.get("stops") or {}).items():
                 self.stops.labels(reason).inc(count)
+            for n, share in enumerate(record.turns.get("valid_share_by_turn") or [], start=1):
+                if share is not None:
+                    self.valid_by_turn.labels(str(n)).set(share)
 
     def close(self) -> None:
         if self._server is not None:

@@ -137,7 +137,8 @@ class Trajectories:
         return [[t.turns[0].code if t.turns else "" for t in group] for group in self.groups]
 
     def summary(self) -> dict[str, Any]:
-        """Per-step turn figures for progress and metrics: mean turns, stop reasons, best turn, repairs.
+        """Per-step turn figures for progress and metrics: mean turns, stop reasons, best turn, repairs,
+        and per turn index the statuses seen and the share of valid runs.
 
         ``repair_rate``: of the trajectories whose first turn did not produce a valid
         submission (by the grade they saw) and that had a second turn, the share whose
@@ -150,6 +151,13 @@ class Trajectories:
         failed_first = [t for t in done if len(t.turns) >= 2 and t.turns[0].shown is not None
                         and t.turns[0].shown.status is not Status.VALID]
         repaired = [t for t in failed_first if t.turns[1].shown is not None and t.turns[1].shown.status is Status.VALID]
+        status_by_turn: list[dict[str, int]] = []
+        for n in range(max(turns, default=0)):
+            counts = {s.value: 0 for s in Status}
+            for t in done:
+                if len(t.turns) > n and t.turns[n].shown is not None:
+                    counts[t.turns[n].shown.status.value] += 1
+            status_by_turn.append(counts)
         return {
             "mean_turns": float(np.mean(turns)) if turns else None,
             "stops": stops,
@@ -157,4 +165,6 @@ class Trajectories:
             "repair_rate": len(repaired) / len(failed_first) if failed_first else None,
             "repair_attempts": len(failed_first),
             "executions_per_turn": list(self.executions_per_turn),
+            "status_by_turn": status_by_turn,
+            "valid_share_by_turn": [c["valid"] / sum(c.values()) if sum(c.values()) else None for c in status_by_turn],
         }

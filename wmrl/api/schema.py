@@ -335,6 +335,9 @@ class TurnProgress(_Model):
     stopped_at_top: int = Field(0, description="Trajectories that ended at the top outcome.")
     stopped_at_budget: int = Field(0, description="Trajectories that ended at spec.algorithm.maxTrajectoryTokens.")
     ungraded: int = Field(0, description="Trajectories ended by a turn that could not be graded.")
+    valid_by_turn: list[Optional[float]] = Field(
+        default_factory=list, description="Per turn (first first): the share of the trajectories that reached it whose "
+        "script produced a valid submission, by the grade they were shown.")
 
 
 class Progress(_Model):
