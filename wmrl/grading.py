@@ -5,14 +5,17 @@ dict) and the submission file the solution wrote (bytes, or None if it wrote non
 climbs the reward ladder:
 
 * the script did not compile -> ``syntax_err`` with the line;
-* it raised (last traceback frame of the script gives the line), was killed by a signal,
-  exited non-zero, or ran out of time (``error_type="TimeLimitExceeded"``) -> ``runtime_err``;
+* it raised (last traceback frame of the script gives the line), was killed by a signal
+  (its own doing, or a limit's: memory, CPU), exited non-zero, ran out of time
+  (``error_type="TimeLimitExceeded"``) or wrote more than the sandbox returns
+  (``files_truncated``: ``error_type="OutputLimitExceeded"``) -> ``runtime_err``;
 * it exited 0 without a usable submission (missing file, no ``id,target`` header, wrong or
   duplicate ids, non-numeric or non-finite values) -> ``ran_no_sub``;
 * otherwise the task metric on the hidden labels -> ``valid`` with the leaderboard rank score.
 
 A response with status ``SandboxError`` is the sandbox's failure, not the program's: grading
-raises :class:`SandboxFailure` so the caller treats the rollout as ungraded.
+raises :class:`SandboxFailure` so the caller treats the rollout as ungraded. (The server answers
+``SandboxError`` only for its own failures: whatever the program does to itself is a result.)
 
 Metrics are numpy implementations of scikit-learn's definitions (tested against it).
 """
@@ -232,6 +235,9 @@ def grade(task: Task, run_response: Mapping, submission: Optional[bytes]) -> Out
             return Outcome(status=Status.RUNTIME_ERR, error_type=_signal_name(code),
                            feedback=feedback_text(rr, f"killed by {_signal_name(code)}"))
         return Outcome(status=Status.RUNTIME_ERR, error_type="SystemExit", feedback=feedback_text(rr, f"exit code {code}"))
+    if run_response.get("files_truncated"):
+        note = run_response.get("message") or "the fetched files exceed the sandbox's limit"
+        return Outcome(status=Status.RUNTIME_ERR, error_type="OutputLimitExceeded", feedback=feedback_text(rr, note))
     if submission is None:
         return Outcome(status=Status.RAN_NO_SUB, feedback=feedback_text(rr, f"no {task.submission} was written"))
     try:

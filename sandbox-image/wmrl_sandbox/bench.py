@@ -37,7 +37,7 @@ def _percentiles(samples: list[float]) -> dict:
 
 
 def measure_overhead(iterations: int, python: str = sys.executable) -> dict:
-    """Interleaved: bare ``python -c pass``, bare ``python -I -B -c pass`` (the sandbox's flags), served."""
+    """Interleaved: bare ``python -c pass``, bare ``python -E -s -B -c pass`` (the sandbox's flags), served."""
     bare, bare_isolated, served, outside = [], [], [], []
     with LocalServer(slots=1) as server, httpx.Client(timeout=60) as client:
         body = {"code": "pass", "language": "python", "run_timeout": 10}
@@ -49,7 +49,7 @@ def measure_overhead(iterations: int, python: str = sys.executable) -> dict:
             subprocess.run([python, "-c", "pass"], check=True)
             bare.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            subprocess.run([python, "-I", "-B", "-c", "pass"], check=True)
+            subprocess.run([python, "-E", "-s", "-B", "-c", "pass"], check=True)
             bare_isolated.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             resp = client.post(f"{server.url}/run_code", json=body)

@@ -5,11 +5,12 @@
 * ``endpoints`` says where the pods are: :class:`StaticEndpoints` (a URL list, local runs) or
   :class:`EndpointSliceEndpoints` (the ready endpoints of a run's headless Service, refreshed
   in the background);
-* at most ``slots_per_pod`` requests are in flight per pod (the server answers 429 beyond
-  its slots and never queues, so the queue lives here);
-* a 429, a connection failure (a pod that died mid-run) or a ``SandboxError`` response is
-  retried on another pod with backoff (429s wait for a slot and do not use up the
-  ``max_retries`` budget); a 4xx is the request's fault and fails at once;
+* at most ``slots_per_pod`` requests are in flight per pod (a server queues a little beyond
+  its slots, but only the dispatcher can send a request to another pod, so the queue lives here);
+* a "busy" answer -- 503 with ``Retry-After`` (the server's queue is full or the wait ran out),
+  or 429 from older servers -- waits for a slot and does not use up the ``max_retries`` budget;
+  a connection failure (a pod that died mid-run), another 5xx or a ``SandboxError`` response is
+  retried on another pod with backoff; a 4xx is the request's fault and fails at once;
 * ``run``/``run_task`` return futures; the queue is bounded (submitting blocks while it is
   full: backpressure); ``demand`` = queued + in flight, which the trainer reports to the
   operator's autoscaler.
@@ -153,7 +154,7 @@ class SandboxDispatcher:
 
     def __init__(self, endpoints: Endpoints, slots_per_pod: int = 1, timeout: float = 60.0, max_retries: int = 3,
                  *, max_queue: int = 4096, workers: int = 64, backoff: float = 0.2, no_endpoint_wait: float = 60.0,
-                 memory_limit_mb: int = -1):
+                 memory_limit_mb: Optional[int] = None):
         if slots_per_pod < 1:
             raise ValueError(f"slots_per_pod must be >= 1, got {slots_per_pod}")
         if timeout <= 0:
@@ -232,15 +233,19 @@ class SandboxDispatcher:
     # ------------------------------------------------------------------ internals
 
     def _body(self, code, files, fetch_files, run_timeout, stdin, memory_limit_mb) -> dict:
-        return {
+        """The request; ``memory_limit_MB`` only when set (absent: the server's default, -1: its maximum)."""
+        body = {
             "code": code,
             "language": "python",
             "run_timeout": run_timeout or self.timeout,
-            "memory_limit_MB": self.memory_limit_mb if memory_limit_mb is None else memory_limit_mb,
             "stdin": stdin,
             "files": {path: base64.b64encode(content).decode("ascii") for path, content in (files or {}).items()},
             "fetch_files": list(fetch_files or []),
         }
+        memory = self.memory_limit_mb if memory_limit_mb is None else memory_limit_mb
+        if memory is not None:
+            body["memory_limit_MB"] = memory
+        return body
 
     def _submit(self, body: dict, run_timeout: Optional[float], post=None) -> cf.Future:
         job = _Job(body=body, run_timeout=run_timeout or self.timeout, future=cf.Future(), post=post)
@@ -355,7 +360,7 @@ class SandboxDispatcher:
     def _post(self, url: str, job: _Job) -> tuple[Optional[dict], Optional[str], float]:
         """One attempt: (response body, None, 0) or (None, why to retry, cooldown); raises for a 4xx."""
         response = self._http.post(f"{url}/run_code", json=job.body, timeout=job.run_timeout + HTTP_MARGIN_S)
-        if response.status_code == 429:
+        if response.status_code == 429 or (response.status_code == 503 and "Retry-After" in response.headers):
             try:
                 retry_after = float(response.headers.get("Retry-After", 1))
             except ValueError:

@@ -2,8 +2,8 @@
 
 Layers, from the outside in (see docs/sandbox.md for what each one stops):
 
-* a fresh working directory per execution, removed afterwards; the program's files are
-  owned by the execution's uid, the script lives next to the directory, owned by root;
+* a fresh working directory per execution, removed afterwards: the program (``main.py``) and
+  its ``files`` side by side, owned by the execution's uid, so ``files`` can be imported;
 * when the server runs as root: a dedicated, otherwise unused uid per slot (so "every
   process of this uid" is exactly "everything this execution started", wherever it
   escaped to), a fresh network namespace (no interface but a down loopback), and a private
@@ -33,7 +33,9 @@ import secrets
 import selectors
 import shutil
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,7 @@ _MS_NODEV = 4
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
+_PR_SET_DUMPABLE = 4
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
@@ -68,7 +71,7 @@ class Limits:
     """Per-execution resource limits and the server-side caps on what a request may ask for."""
 
     memory_mb: int = 2048  # address space (RLIMIT_AS) when the request does not set memory_limit_MB
-    max_memory_mb: int = 8192
+    max_memory_mb: int = 8192  # what memory_limit_MB -1 (SandboxFusion: "no limit") gets; the cap on any request
     max_run_timeout: float = 600.0
     nproc: int = 64  # processes (threads) the execution may have
     file_size_mb: int = 256  # largest file the program may write (RLIMIT_FSIZE)
@@ -82,7 +85,7 @@ class Limits:
 class ExecutionRequest:
     code: str
     run_timeout: float = 10.0
-    memory_limit_mb: int = -1
+    memory_limit_mb: Optional[int] = None  # None: Limits.memory_mb; <= 0 (-1): Limits.max_memory_mb
     stdin: Optional[str] = None
     files: dict[str, bytes] = field(default_factory=dict)
     fetch_files: list[str] = field(default_factory=list)
@@ -98,7 +101,18 @@ class ExecutionResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     files: dict[str, bytes] = field(default_factory=dict)
+    files_truncated: bool = False  # fetched files exceeded Limits.max_fetch_bytes: the rest were left out
     leftover_processes_killed: int = 0
+
+
+def memory_limit_mb(requested: Optional[int], limits: "Limits") -> int:
+    """The address-space limit of an execution: absent -> the default, -1 (any value <= 0, which
+    SandboxFusion reads as "no limit") -> the server's maximum, otherwise the request capped by it."""
+    if requested is None:
+        return limits.memory_mb
+    if requested <= 0:
+        return limits.max_memory_mb
+    return min(int(requested), limits.max_memory_mb)
 
 
 def safe_relative_path(path: str, what: str) -> PurePosixPath:
@@ -311,7 +325,8 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-# Main processes of running executions: asyncio's child watcher reaps those, never us.
+# Children someone waits for (main processes of running executions, fetch_files helpers): the orphan
+# reaper below leaves those to their owners.
 _active_mains: set[int] = set()
 
 
@@ -408,12 +423,17 @@ def interpreter_root(python: str) -> str:
 
 
 def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits: Limits,
-                  memory_mb: int, run_timeout: float, python: str = sys.executable):
+                  memory_mb: int, run_timeout: float, python: str = sys.executable,
+                  ns_sock: Optional[socket.socket] = None):
     """The function run in the forked child before exec (root work first, then dropping to ``uid``).
 
     The private tmpfs over /tmp and friends would also hide the execution's directory and the
     interpreter's environment when they live there (a checkout under /tmp: every execution failed
     with "No such file or directory"), so those two are bound back at their own paths.
+
+    With ``ns_sock``, the child sends the server a descriptor of its mount namespace once that is
+    set up: it keeps the namespace (and its private /tmp) alive after the execution's last process
+    is gone, so ``fetch_files`` can read ``/tmp/...`` as the program saw it.
     """
     hidden = [path for path in dict.fromkeys((exec_dir, interpreter_root(python))) if _masked(path)]
     cpu_seconds = int(math.ceil(run_timeout)) + 1
@@ -438,6 +458,10 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
                     os.makedirs(path, exist_ok=True)
                     _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND, None)
                     os.close(fd)
+                if ns_sock is not None:
+                    ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+                    socket.send_fds(ns_sock, [b"m"], [ns_fd])
+                    os.close(ns_fd)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb << 20, limits.file_size_mb << 20))
@@ -523,13 +547,21 @@ def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, out: _Capture, 
 
 
 def _prepare(exec_dir: Path, workdir: Path, request: ExecutionRequest, uid: Optional[int]) -> None:
-    os.chmod(exec_dir, 0o711)  # the program may traverse it to its script and work dir, not list or write it
-    (exec_dir / SCRIPT_NAME).write_text(request.code, encoding="utf-8")
+    """The working directory: ``files`` and then ``main.py`` side by side (as SandboxFusion lays
+    them out), so the program's directory -- sys.path[0] -- holds them and they can be imported."""
+    os.chmod(exec_dir, 0o711)  # the program may traverse it to its work dir, not list or write it
     workdir.mkdir(mode=0o700)
     for rel, content in request.files.items():
-        target = workdir / safe_relative_path(rel, "files")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
+        pure = safe_relative_path(rel, "files")
+        if str(pure) == SCRIPT_NAME:
+            raise RequestError(f"files[{rel!r}]: {SCRIPT_NAME} is where the program itself is written")
+        target = workdir / pure
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+            raise RequestError(f"files[{rel!r}]: clashes with another entry of files ({exc.strerror})") from exc
+    (workdir / SCRIPT_NAME).write_text(request.code, encoding="utf-8")
     if uid is not None:
         for root, dirs, files in os.walk(workdir):
             os.chown(root, uid, uid)
@@ -537,35 +569,163 @@ def _prepare(exec_dir: Path, workdir: Path, request: ExecutionRequest, uid: Opti
                 os.chown(os.path.join(root, name), uid, uid)
 
 
-def _fetch(workdir: Path, names: list[str], uid: Optional[int], cap: int) -> dict[str, bytes]:
-    """Read back requested files, never following a link out of the working directory.
+def _read_capped(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``fd`` (fewer at end of file)."""
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(fd, min(1 << 20, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
-    Runs after every process of the execution is dead, so nothing can swap a file meanwhile.
-    In root mode only files owned by the execution's uid are returned (a hard link to a
-    root-only file would be owned by root).
+
+def _fetch_in_workdir(workdir: Path, names: list[str], cap: int) -> tuple[dict[str, bytes], bool]:
+    """fetch_files without a uid of its own (non-root mode): only files inside the working directory.
+
+    The program runs as the server's own user and shares its /tmp, so a file elsewhere cannot be
+    told from the server's or another execution's: absolute paths count only when they lead into
+    the working directory. Never follows a link out of it.
     """
     out: dict[str, bytes] = {}
     total = 0
     real_root = os.path.realpath(workdir)
     for name in names:
-        rel = safe_relative_path(name, "fetch_files")
-        path = os.path.realpath(workdir / rel)
+        if not name or "\x00" in name:
+            continue
+        path = os.path.realpath(os.path.join(workdir, name))
         if not path.startswith(real_root + os.sep):
             continue
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             continue
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
                 continue
-            data = fh.read(cap - total + 1)
+            data = _read_capped(fd, cap - total + 1)
+        finally:
+            os.close(fd)
         if total + len(data) > cap:
-            raise RequestError(f"fetch_files: fetched files exceed {cap} bytes")
+            return out, True
         total += len(data)
         out[name] = data
-    return out
+    return out, False
+
+
+_RECORD = struct.Struct("!IQ")  # (index into names, length) then the content; index _END closes the stream
+_END = 0xFFFFFFFF
+
+
+def _fetch_as_uid(workdir: Path, names: list[str], uid: int, ns_fd: Optional[int], cap: int,
+                  deadline_s: float = 30.0) -> tuple[dict[str, bytes], bool]:
+    """fetch_files as the program saw them (root mode): read by a helper that enters the execution's
+    mount namespace (``ns_fd``) and becomes its uid, so a relative path is resolved in the working
+    directory, an absolute one in the program's own view (``/tmp/x`` is its private /tmp), and only
+    what the program itself could read is returned.
+
+    Runs after every process of the execution is dead, so nothing can swap a file meanwhile. Only
+    regular files owned by the execution's uid count (a hard link to a root-only file is owned by
+    root; so are the helper's own /proc files, and procfs is refused outright); the last path
+    component is never a followed symlink. Returns (files, whether the cap left some out).
+    Raises RuntimeError when the helper fails: the sandbox's fault, not the program's.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(r)
+            if ns_fd is not None and _libc.setns(ns_fd, _CLONE_NEWNS) != 0:
+                os._exit(3)
+            # No descriptor of the server's (another execution's directory being removed...) to read through.
+            for fd in map(int, os.listdir("/proc/self/fd")):
+                if fd > 2 and fd != w:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            proc_dev = os.stat("/proc").st_dev
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            try:
+                os.chdir(workdir)
+                in_workdir = True
+            except OSError:  # the program made its directory unreachable: its relative files are gone
+                in_workdir = False
+            total = 0
+            for index, name in enumerate(names):
+                if not name or "\x00" in name or (not in_workdir and not name.startswith("/")):
+                    continue
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_dev == proc_dev:
+                        continue
+                    data = _read_capped(fd, cap - total + 1)
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+                if total + len(data) > cap:
+                    _write_all(w, _RECORD.pack(_END, 1))
+                    os._exit(0)
+                total += len(data)
+                _write_all(w, _RECORD.pack(index, len(data)) + data)
+            _write_all(w, _RECORD.pack(_END, 0))
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _active_mains.add(pid)  # ours to reap: another execution's orphan reaper leaves it alone
+    os.close(w)
+    buf = bytearray()
+    finished = False
+    try:
+        end = time.monotonic() + deadline_s
+        with selectors.DefaultSelector() as sel:
+            sel.register(r, selectors.EVENT_READ)
+            while True:
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    raise RuntimeError(f"fetch_files: reading the files took over {deadline_s:.0f}s")
+                if sel.select(remaining):
+                    chunk = os.read(r, 1 << 20)
+                    if not chunk:
+                        break
+                    buf += chunk
+        finished = True
+    finally:
+        os.close(r)
+        if not finished:  # stuck: it has nothing left to do
+            os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        _active_mains.discard(pid)
+    out: dict[str, bytes] = {}
+    view, pos = memoryview(buf), 0
+    while pos + _RECORD.size <= len(view):
+        index, length = _RECORD.unpack_from(view, pos)
+        pos += _RECORD.size
+        if index == _END:
+            return out, bool(length)
+        if index >= len(names) or pos + length > len(view):
+            break
+        out[names[index]] = bytes(view[pos:pos + length])
+        pos += length
+    raise RuntimeError("fetch_files: the helper reading the files ended without finishing")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _remove(path: Path) -> None:
@@ -582,32 +742,48 @@ def _remove(path: Path) -> None:
 
 def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], isolation: Isolation,
             limits: Limits = Limits(), python: str = sys.executable) -> ExecutionResult:
-    """Run ``request.code`` with ``python -I -B`` in a fresh directory under ``work_root``.
+    """Run ``request.code`` as ``python -E -s -B <workdir>/main.py`` in a fresh directory under ``work_root``.
 
     Blocking (the server runs it in a worker thread). ``uid`` is the slot's dedicated uid in
-    root mode, None otherwise. Raises RequestError for an invalid request (nothing is run);
-    a failure of the sandbox itself is a result with status ``Error``.
+    root mode, None otherwise. Raises RequestError for an invalid request, and only before
+    anything ran; every failure of the sandbox itself, before or after the program ran, is a
+    result with status ``Error`` (never an exception).
     """
-    for name in request.fetch_files:
-        safe_relative_path(name, "fetch_files")
     run_timeout = min(max(float(request.run_timeout), 0.01), limits.max_run_timeout)
-    memory_mb = limits.memory_mb if request.memory_limit_mb is None or request.memory_limit_mb <= 0 else \
-        min(int(request.memory_limit_mb), limits.max_memory_mb)
+    memory_mb = memory_limit_mb(request.memory_limit_mb, limits)
     marker = secrets.token_hex(8)
     exec_dir = Path(tempfile.mkdtemp(prefix="x-", dir=work_root))
     workdir = exec_dir / WORK_SUBDIR
     proc = None
+    ns_fd = None
     start = time.monotonic()
     try:
         _prepare(exec_dir, workdir, request, uid)
         out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            [python, "-I", "-B", str(exec_dir / SCRIPT_NAME)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
-            preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python),
-        )
+        # Root mode with a mount namespace: the child hands over a handle on it (see _make_preexec).
+        want_ns = uid is not None and isolation.mount_namespace and bool(request.fetch_files)
+        ns_parent, ns_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) if want_ns else (None, None)
+        try:
+            start = time.monotonic()
+            # -E -s instead of -I: -I also implies -P, which keeps the program's directory off sys.path.
+            proc = subprocess.Popen(
+                [python, "-E", "-s", "-B", str(workdir / SCRIPT_NAME)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
+                preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
+                                         ns_sock=ns_child),
+            )
+            if ns_parent is not None:
+                ns_child.close()
+                ns_parent.settimeout(5.0)
+                _, fds, _, _ = socket.recv_fds(ns_parent, 1, 1)
+                if not fds:
+                    raise RuntimeError("the execution did not hand over its mount namespace")
+                ns_fd = fds[0]
+        finally:
+            for sock in (ns_parent, ns_child):
+                if sock is not None:
+                    sock.close()
         _active_mains.add(proc.pid)
         stdin = request.stdin.encode() if request.stdin else b""
         if not stdin:
@@ -619,7 +795,12 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         killed = kill_everything(proc.pid, uid, marker)
         return_code = proc.wait()
         _pump(proc, b"", time.monotonic() + 5.0, out, err, until_eof=True)
-        files = _fetch(workdir, request.fetch_files, uid, limits.max_fetch_bytes)
+        if not request.fetch_files:
+            files, files_truncated = {}, False
+        elif uid is None:
+            files, files_truncated = _fetch_in_workdir(workdir, request.fetch_files, limits.max_fetch_bytes)
+        else:
+            files, files_truncated = _fetch_as_uid(workdir, request.fetch_files, uid, ns_fd, limits.max_fetch_bytes)
         return ExecutionResult(
             status="Finished" if finished else "TimeLimitExceeded",
             execution_time=elapsed,
@@ -629,14 +810,17 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
             stdout_truncated=out.truncated,
             stderr_truncated=err.truncated,
             files=files,
+            files_truncated=files_truncated,
             leftover_processes_killed=len(killed - {proc.pid}),
         )
-    except RequestError:
+    except RequestError:  # only from _prepare: nothing has run
         raise
-    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+    except Exception as exc:  # the sandbox failed, not the program: reported, never raised
         return ExecutionResult(status="Error", execution_time=time.monotonic() - start, return_code=None,
-                               stdout="", stderr=f"sandbox error: {exc}")
+                               stdout="", stderr=f"sandbox error: {type(exc).__name__}: {exc}")
     finally:
+        if ns_fd is not None:
+            os.close(ns_fd)
         if proc is not None:
             if proc.returncode is None:
                 kill_everything(proc.pid, uid, marker)
@@ -653,5 +837,6 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
 
 __all__ = [
     "ExecutionRequest", "ExecutionResult", "Isolation", "Limits", "RequestError", "UidPool", "execute",
-    "check_searchable", "kill_everything", "probe_isolation", "safe_relative_path", "set_child_subreaper", "SCRIPT_NAME",
+    "check_searchable", "kill_everything", "memory_limit_mb", "probe_isolation", "safe_relative_path",
+    "set_child_subreaper", "SCRIPT_NAME",
 ]

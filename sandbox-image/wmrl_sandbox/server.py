@@ -1,20 +1,26 @@
 """``wmrl sandbox serve``: SandboxFusion-compatible ``POST /run_code`` for Python.
 
 One server per sandbox Pod. It owns ``--slots`` exclusive execution slots (default 1: one
-execution owns the sandbox); a request arriving while all are busy gets ``429`` with
-``Retry-After`` at once and is never queued here: queueing and retrying belong to the
-client (:mod:`wmrl_sandbox.dispatcher`), which can send it to another Pod.
+execution owns the sandbox). A request arriving while all are busy waits, in arrival order,
+in a bounded queue (``--max-queue``, default 16 per slot) for at most ``--max-queue-wait``
+seconds (default 60): SandboxFusion's server never refuses for load, and its clients (its
+own, verl's) do not retry a refusal. It gets ``503`` with ``Retry-After`` only when the queue
+is full or the wait runs out.
 
 Request (JSON): ``code``, ``language`` (``python``), ``run_timeout`` (s), ``memory_limit_MB``
-(-1 = server default), ``stdin``, ``files`` {path: base64}, ``fetch_files`` [path];
-``compile_timeout`` is accepted and ignored. Response: ``status`` Success | Failed |
-SandboxError, ``message``, ``compile_result`` (null), ``run_result`` {status Finished |
-TimeLimitExceeded | Error, execution_time, return_code, stdout, stderr, plus
-stdout_truncated/stderr_truncated}, ``files`` {path: base64}, ``executor_pod_name``.
+(absent = ``--memory-mb``; -1 = ``--max-memory-mb``), ``stdin``, ``files`` {path: base64} (written
+beside the program, importable), ``fetch_files`` [path] (relative to the working directory or
+absolute in the program's own view); ``compile_timeout`` is accepted and ignored. Response:
+``status`` Success | Failed | SandboxError, ``message``, ``compile_result`` (null),
+``run_result`` {status Finished | TimeLimitExceeded | Error, execution_time, return_code,
+stdout, stderr, plus stdout_truncated/stderr_truncated}, ``files`` {path: base64},
+``files_truncated``, ``executor_pod_name``.
 
 Errors: a body that is not a valid request -> 422 ``{"detail": [...], "error": ...}`` (the
 shape FastAPI gives SandboxFusion's clients, plus our ``error`` message); not JSON -> 400;
-over ``--max-body-bytes`` -> 413; all slots busy -> 429.
+over ``--max-body-bytes`` -> 413; queue full or waited too long -> 503. Once the request is
+valid, every failure of the sandbox comes back as 200 with status ``SandboxError``, as
+SandboxFusion does, never as a 5xx.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Optional
 
@@ -45,6 +52,8 @@ log = logging.getLogger("wmrl.sandbox")
 
 DEFAULT_PORT = 8080
 DEFAULT_MAX_BODY_BYTES = 64 << 20
+DEFAULT_QUEUE_PER_SLOT = 16
+DEFAULT_MAX_QUEUE_WAIT = 60.0
 
 
 class RunCodeRequest(BaseModel):
@@ -56,7 +65,7 @@ class RunCodeRequest(BaseModel):
     language: Literal["python"]
     run_timeout: float = Field(10, gt=0)
     compile_timeout: float = 10
-    memory_limit_MB: int = -1
+    memory_limit_MB: Optional[int] = None  # absent/null: --memory-mb; -1 (<= 0): --max-memory-mb
     stdin: Optional[str] = None
     files: dict[str, Optional[str]] = {}
     fetch_files: list[str] = []
@@ -86,11 +95,15 @@ def decode_files(files: dict[str, Optional[str]]) -> dict[str, bytes]:
     return out
 
 
-def response_body(result: ExecutionResult, pod: str) -> dict:
+def response_body(result: ExecutionResult, pod: str, max_fetch_bytes: int = Limits().max_fetch_bytes) -> dict:
+    """SandboxFusion's response for an execution that happened (or failed in the sandbox)."""
     if result.status == "Error":
         status, message = "SandboxError", result.stderr
     elif result.status == "TimeLimitExceeded" or result.return_code != 0:
         status, message = "Failed", ""
+    elif result.files_truncated:  # the program's output exceeded a limit: its failure, as a time limit is
+        status = "Failed"
+        message = f"fetch_files: the files exceed {max_fetch_bytes} bytes together; the rest were left out"
     else:
         status, message = "Success", ""
     return {
@@ -108,15 +121,87 @@ def response_body(result: ExecutionResult, pod: str) -> dict:
         },
         "executor_pod_name": pod,
         "files": {name: base64.b64encode(data).decode("ascii") for name, data in result.files.items()},
+        "files_truncated": result.files_truncated,
     }
 
 
+def sandbox_error_body(message: str, pod: str) -> dict:
+    """SandboxFusion's answer when running the request raised: 200, SandboxError, no results."""
+    return {"status": "SandboxError", "message": message, "compile_result": None, "run_result": None,
+            "executor_pod_name": pod, "files": {}}
+
+
+class SlotQueue:
+    """``slots`` execution slots and a FIFO of requests waiting for one (all on the event loop's thread).
+
+    A freed slot is handed straight to the longest-waiting request, so a newcomer never overtakes
+    the queue. ``acquire`` returns None with a slot taken, or why it was refused.
+    """
+
+    def __init__(self, slots: int, max_queue: int, max_wait: float):
+        self.slots, self.max_queue, self.max_wait = slots, max_queue, max_wait
+        self.free = slots
+        self.waiters: deque[asyncio.Future] = deque()
+
+    @property
+    def busy(self) -> int:
+        return self.slots - self.free
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for w in self.waiters if not w.done())
+
+    async def acquire(self, gone=lambda: False) -> Optional[str]:
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return None
+        if self.queued >= self.max_queue:
+            return "queue_full"
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        deadline = time.monotonic() + self.max_wait
+        try:
+            while not waiter.done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                # Wake up now and then to notice a client that hung up (aiohttp does not cancel us).
+                await asyncio.wait([waiter], timeout=min(remaining, 1.0))
+                if not waiter.done() and gone():
+                    waiter.cancel()
+                    return "client_gone"
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a slot just as we were cancelled: pass it on
+            else:
+                waiter.cancel()
+            raise
+        if waiter.done() and not waiter.cancelled():
+            return None
+        waiter.cancel()
+        return "queue_timeout"
+
+    def release(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)  # the slot passes on without becoming free
+                return
+        self.free += 1
+
+
 class Metrics:
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, max_queue: int):
         self.registry = CollectorRegistry()
         r = self.registry
         Gauge("wmrl_sandbox_slots", "Execution slots of this server", registry=r).set(slots)
+        Gauge("wmrl_sandbox_max_queue", "Requests that may wait for a slot", registry=r).set(max_queue)
         self.busy = Gauge("wmrl_sandbox_busy_slots", "Slots running an execution now", registry=r)
+        self.queued = Gauge("wmrl_sandbox_queued_requests", "Requests waiting for a slot now", registry=r)
+        self.queued_total = Counter("wmrl_sandbox_queued_total", "Requests that had to wait for a slot",
+                                    registry=r)
+        self.queue_wait = Histogram("wmrl_sandbox_queue_wait_seconds", "Time requests waited for a slot",
+                                    registry=r, buckets=(0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
         self.executions = Counter("wmrl_sandbox_executions_total", "Executions by outcome",
                                   ["outcome"], registry=r)
         self.rejected = Counter("wmrl_sandbox_rejected_total", "Requests refused before running",
@@ -128,14 +213,21 @@ class Metrics:
 
 
 class SandboxServer:
-    """The aiohttp application and the slot bookkeeping around :func:`executor.execute`."""
+    """The aiohttp application, the slots and their queue around :func:`executor.execute`."""
 
     def __init__(self, *, slots: int = 1, work_root: Optional[str] = None, limits: Limits = Limits(),
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, isolation: Optional[Isolation] = None,
-                 python: str = sys.executable, uid_base: int = 62000):
+                 python: str = sys.executable, uid_base: int = 62000, max_queue: Optional[int] = None,
+                 max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
+        max_queue = DEFAULT_QUEUE_PER_SLOT * slots if max_queue is None else max_queue
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        if max_queue_wait < 0:
+            raise ValueError(f"max_queue_wait must be >= 0, got {max_queue_wait}")
         self.slots = slots
+        self.queue = SlotQueue(slots, max_queue, max_queue_wait)
         self.work_root = work_root or os.path.join(tempfile.gettempdir(), "wmrl-sandbox")
         os.makedirs(self.work_root, mode=0o711, exist_ok=True)
         if os.stat(self.work_root).st_uid == os.geteuid():
@@ -148,11 +240,16 @@ class SandboxServer:
             executor.check_searchable(self.work_root)
         self.uid_pool = executor.UidPool(slots, base=uid_base) if self.isolation.as_root else None
         self._free_uids = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
-        self.busy = 0
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="sandbox-exec")
-        self.metrics = Metrics(slots)
+        self.metrics = Metrics(slots, max_queue)
+        self.metrics.busy.set_function(lambda: self.queue.busy)  # read at each scrape
+        self.metrics.queued.set_function(lambda: self.queue.queued)
         self.pod = os.environ.get("POD_NAME") or os.environ.get("MY_POD_NAME") or socket.gethostname()
         executor.set_child_subreaper()
+
+    @property
+    def busy(self) -> int:
+        return self.queue.busy
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -169,6 +266,8 @@ class SandboxServer:
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "slots": self.slots, "busy": self.busy,
+                                  "queued": self.queue.queued, "max_queue": self.queue.max_queue,
+                                  "max_queue_wait": self.queue.max_wait,
                                   "isolation": self.isolation.describe(),
                                   "uids": self.uid_pool.uids if self.uid_pool else []})
 
@@ -177,53 +276,66 @@ class SandboxServer:
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def run_code(self, request: web.Request) -> web.Response:
-        if self.busy >= self.slots:
-            self.metrics.rejected.labels("busy").inc()
-            return web.json_response({"error": f"all {self.slots} execution slot(s) busy; retry later"},
-                                     status=429, headers={"Retry-After": "1"})
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             self.metrics.rejected.labels("too_large").inc()
             return _error(413, f"request body of {request.content_length} bytes exceeds {self.max_body_bytes}")
-        self.busy += 1  # taken before any await: the event loop makes check-and-take atomic
-        self.metrics.busy.set(self.busy)
+        arrived = time.monotonic()
+        must_wait = self.queue.free == 0 or self.queue.queued > 0
+        refused = await self.queue.acquire(gone=lambda: request.transport is None or request.transport.is_closing())
+        if must_wait and refused != "queue_full":
+            self.metrics.queued_total.inc()
+            self.metrics.queue_wait.observe(time.monotonic() - arrived)
+        if refused is not None:
+            self.metrics.rejected.labels(refused).inc()
+            why = {"queue_full": f"all {self.slots} execution slot(s) busy and {self.queue.max_queue} request(s) "
+                                 "already waiting",
+                   "queue_timeout": f"no execution slot became free within {self.queue.max_wait:g}s"}.get(
+                       refused, "the client went away while waiting")
+            return web.json_response({"error": why + "; retry later"}, status=503, headers={"Retry-After": "1"})
         uid = self._free_uids.pop()
         try:
-            try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                self.metrics.rejected.labels("too_large").inc()
-                return _error(413, f"request body exceeds {self.max_body_bytes} bytes")
-            try:
-                job = self._parse(raw)
-            except ValidationError as exc:
-                self.metrics.rejected.labels("invalid").inc()
-                return _invalid([{**{k: v for k, v in e.items() if k in ("type", "msg", "input")},
-                                  "loc": ["body", *e["loc"]]} for e in exc.errors()])
-            except RequestError as exc:
-                self.metrics.rejected.labels("invalid").inc()
-                return _invalid([{"type": "value_error", "loc": ["body"], "msg": str(exc)}])
-            except ValueError as exc:
-                self.metrics.rejected.labels("invalid").inc()
-                return _error(400, f"body is not JSON: {exc}")
-            loop = asyncio.get_running_loop()
-            started = time.monotonic()
-            try:
-                result = await loop.run_in_executor(self.pool, self._execute, job, uid)
-            except RequestError as exc:
-                self.metrics.rejected.labels("invalid").inc()
-                return _invalid([{"type": "value_error", "loc": ["body"], "msg": str(exc)}])
-            self.metrics.duration.observe(time.monotonic() - started)
-            if result.status == "Error":
-                log.warning("execution failed in the sandbox: %s", result.stderr)
-            body = response_body(result, self.pod)
-            outcome = "TimeLimitExceeded" if result.status == "TimeLimitExceeded" else body["status"]
-            self.metrics.executions.labels(outcome).inc()
-            self.metrics.leftovers.inc(result.leftover_processes_killed)
-            return web.json_response(body)
+            return await self._run_in_slot(request, uid)
         finally:
             self._free_uids.append(uid)
-            self.busy -= 1
-            self.metrics.busy.set(self.busy)
+            self.queue.release()
+
+    async def _run_in_slot(self, request: web.Request, uid: Optional[int]) -> web.Response:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.rejected.labels("too_large").inc()
+            return _error(413, f"request body exceeds {self.max_body_bytes} bytes")
+        try:
+            job = self._parse(raw)
+        except ValidationError as exc:
+            self.metrics.rejected.labels("invalid").inc()
+            return _invalid([{**{k: v for k, v in e.items() if k in ("type", "msg", "input")},
+                              "loc": ["body", *e["loc"]]} for e in exc.errors()])
+        except RequestError as exc:
+            self.metrics.rejected.labels("invalid").inc()
+            return _invalid([{"type": "value_error", "loc": ["body"], "msg": str(exc)}])
+        except ValueError as exc:
+            self.metrics.rejected.labels("invalid").inc()
+            return _error(400, f"body is not JSON: {exc}")
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            result = await loop.run_in_executor(self.pool, self._execute, job, uid)
+        except RequestError as exc:  # raised only before anything ran
+            self.metrics.rejected.labels("invalid").inc()
+            return _invalid([{"type": "value_error", "loc": ["body"], "msg": str(exc)}])
+        except Exception as exc:  # whatever else breaks is the sandbox's failure: 200 SandboxError, never a 5xx
+            log.exception("running a request failed in the sandbox")
+            self.metrics.executions.labels("SandboxError").inc()
+            return web.json_response(sandbox_error_body(f"sandbox error: {type(exc).__name__}: {exc}", self.pod))
+        self.metrics.duration.observe(time.monotonic() - started)
+        if result.status == "Error":
+            log.warning("execution failed in the sandbox: %s", result.stderr)
+        body = response_body(result, self.pod, self.limits.max_fetch_bytes)
+        outcome = "TimeLimitExceeded" if result.status == "TimeLimitExceeded" else body["status"]
+        self.metrics.executions.labels(outcome).inc()
+        self.metrics.leftovers.inc(result.leftover_processes_killed)
+        return web.json_response(body)
 
     def _parse(self, raw: bytes) -> ExecutionRequest:
         data = json.loads(raw)
@@ -269,18 +381,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port (printed)")
     parser.add_argument("--slots", type=int, default=_env("WMRL_SANDBOX_SLOTS", int, 1),
                         help="concurrent executions (default 1: exclusive; env WMRL_SANDBOX_SLOTS)")
+    parser.add_argument("--max-queue", type=int, default=_env("WMRL_SANDBOX_MAX_QUEUE", int, None),
+                        help="requests that may wait for a slot beyond the running ones; more get 503 "
+                        f"(default {DEFAULT_QUEUE_PER_SLOT} x --slots; 0: never wait; env WMRL_SANDBOX_MAX_QUEUE)")
+    parser.add_argument("--max-queue-wait", type=float,
+                        default=_env("WMRL_SANDBOX_MAX_QUEUE_WAIT_SECONDS", float, DEFAULT_MAX_QUEUE_WAIT),
+                        help="seconds a request may wait for a slot before it gets 503 "
+                        f"(default {DEFAULT_MAX_QUEUE_WAIT:g}; env WMRL_SANDBOX_MAX_QUEUE_WAIT_SECONDS)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--work-root", default=_env("WMRL_SANDBOX_WORK_DIR", str, None),
                         help="where execution directories are made (env WMRL_SANDBOX_WORK_DIR; "
                         "default $TMPDIR/wmrl-sandbox; in the image /work/exec on an emptyDir)")
-    parser.add_argument("--memory-mb", type=int, default=d.memory_mb, help="address-space limit when a request sets none")
-    parser.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb)
+    parser.add_argument("--memory-mb", type=int, default=d.memory_mb,
+                        help="address-space limit when a request sets no memory_limit_MB")
+    parser.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb,
+                        help="the cap on memory_limit_MB, and what memory_limit_MB -1 gets")
     parser.add_argument("--max-run-timeout", type=float,
                         default=_env("WMRL_SANDBOX_TIMEOUT_SECONDS", float, d.max_run_timeout),
                         help="cap on a request's run_timeout (env WMRL_SANDBOX_TIMEOUT_SECONDS)")
     parser.add_argument("--nproc", type=int, default=d.nproc, help="process/thread limit per execution")
     parser.add_argument("--file-size-mb", type=int, default=d.file_size_mb)
     parser.add_argument("--max-output-bytes", type=int, default=d.max_output_bytes, help="per stream")
+    parser.add_argument("--max-fetch-bytes", type=int, default=d.max_fetch_bytes,
+                        help="all fetch_files of an execution together; beyond it the rest are left out, "
+                        "files_truncated is set and the status is Failed")
     parser.add_argument("--uid-base", type=int, default=62000, help="first uid of the per-slot uids (root mode)")
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the code")
 
@@ -289,12 +413,13 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = Limits(memory_mb=args.memory_mb, max_memory_mb=args.max_memory_mb,
                     max_run_timeout=args.max_run_timeout, nproc=args.nproc, file_size_mb=args.file_size_mb,
-                    max_output_bytes=args.max_output_bytes)
+                    max_output_bytes=args.max_output_bytes, max_fetch_bytes=args.max_fetch_bytes)
     if os.environ.get("TMPDIR"):  # the image points it into /work, an emptyDir that starts empty
         os.makedirs(os.environ["TMPDIR"], exist_ok=True)
     try:
         server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits,
-                               max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base)
+                               max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base,
+                               max_queue=args.max_queue, max_queue_wait=args.max_queue_wait)
         server.self_check()
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"wmrl sandbox serve: {exc}", file=sys.stderr)
@@ -309,6 +434,7 @@ async def _serve(server: SandboxServer, host: str, port: int) -> int:
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # the real port when --port 0
     print(f"wmrl sandbox: listening on http://{host}:{bound} slots={server.slots} "
+          f"max_queue={server.queue.max_queue} max_queue_wait={server.queue.max_wait:g}s "
           f"isolation={json.dumps(server.isolation.describe())}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

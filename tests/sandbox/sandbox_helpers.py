@@ -1,6 +1,9 @@
 """Helpers shared by the sandbox tests (a plain module: conftest.py is not importable by name)."""
 
+import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
@@ -48,9 +51,48 @@ def zombie_children_of(pid: int) -> list[int]:
 def assert_contained(server) -> None:
     """After a hostile case: the server answers, nothing of the execution is left, the next one works."""
     health = server.healthz()
-    assert health["status"] == "ok" and health["busy"] == 0
+    assert health["status"] == "ok" and health["busy"] == 0 and health["queued"] == 0
     assert live_processes_of(set(health["uids"])) == []
     assert zombie_children_of(server.pid) == []
     assert os.listdir(server.work_root) == []
     nxt = run(server, "print('next ok')")
     assert nxt["status"] == "Success" and nxt["run_result"]["stdout"] == "next ok\n"
+
+
+class Scripted:
+    """A stand-in sandbox on loopback answering /run_code from a script of (status, headers, body)."""
+
+    def __init__(self, script):
+        self.script, self.calls = list(script), 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status, headers, body = outer.script[min(outer.calls, len(outer.script) - 1)]
+                outer.calls += 1
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+OK_BODY = {"status": "Success", "message": "", "compile_result": None, "files": {},
+           "run_result": {"status": "Finished", "execution_time": 0.01, "return_code": 0, "stdout": "ok\n",
+                          "stderr": ""}}

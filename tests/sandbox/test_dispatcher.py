@@ -8,6 +8,7 @@ import uuid
 import httpx
 import pytest
 
+from sandbox_helpers import OK_BODY, Scripted
 from wmrl.outcome import Status
 from wmrl.tasks import Task
 from wmrl_sandbox.dispatcher import (EndpointSliceEndpoints, SandboxDispatcher, SandboxRequestError,
@@ -32,17 +33,15 @@ def two_servers():
 
 def test_spreads_work_and_never_overfills_a_pod(two_servers):
     a, b = two_servers
-    busy_before = metric(a, 'wmrl_sandbox_rejected_total{reason="busy"}') + \
-        metric(b, 'wmrl_sandbox_rejected_total{reason="busy"}')
+    queued_before = metric(a, "wmrl_sandbox_queued_total") + metric(b, "wmrl_sandbox_queued_total")
     with SandboxDispatcher(StaticEndpoints([a.url, b.url]), slots_per_pod=1, timeout=20) as d:
         futures = [d.run(SLEEP.format(s=0.3)) for _ in range(6)]
         assert d.demand == 6
         results = [f.result(timeout=60) for f in futures]
         assert d.demand == 0
     assert all(r["status"] == "Success" and r["run_result"]["stdout"] == "slept\n" for r in results)
-    busy_after = metric(a, 'wmrl_sandbox_rejected_total{reason="busy"}') + \
-        metric(b, 'wmrl_sandbox_rejected_total{reason="busy"}')
-    assert busy_after == busy_before  # never sent a pod more than its slots
+    queued_after = metric(a, "wmrl_sandbox_queued_total") + metric(b, "wmrl_sandbox_queued_total")
+    assert queued_after == queued_before  # never sent a pod more than its slots: nothing waited there
     assert metric(a, 'wmrl_sandbox_executions_total{outcome="Success"}') >= 1
     assert metric(b, 'wmrl_sandbox_executions_total{outcome="Success"}') >= 1
 
@@ -120,17 +119,46 @@ def test_backpressure_and_cancel(two_servers):
         assert queued.cancelled()
 
 
-def test_busy_pod_is_waited_for_not_failed(two_servers):
-    """Another client holds the only slot: 429s wait for it without using up the retries."""
-    a, _ = two_servers
-    hog = threading.Thread(target=lambda: httpx.post(f"{a.url}/run_code", timeout=30, json={
-        "code": SLEEP.format(s=1.5), "language": "python"}))
-    hog.start()
-    while a.healthz()["busy"] == 0:
-        time.sleep(0.02)
-    with SandboxDispatcher(StaticEndpoints([a.url]), timeout=20, max_retries=0) as d:
-        assert d.run("print('after')").result(timeout=60)["run_result"]["stdout"] == "after\n"
-    hog.join()
+def test_busy_pod_is_waited_for_not_failed():
+    """Another client holds the only slot of a server that does not queue: its 503 + Retry-After
+    answers wait for the slot without using up the retries."""
+    with LocalServer(slots=1, args=("--max-queue", "0")) as a:
+        hog = threading.Thread(target=lambda: httpx.post(f"{a.url}/run_code", timeout=30, json={
+            "code": SLEEP.format(s=1.5), "language": "python"}))
+        hog.start()
+        while a.healthz()["busy"] == 0:
+            time.sleep(0.02)
+        with SandboxDispatcher(StaticEndpoints([a.url]), timeout=20, max_retries=0) as d:
+            assert d.run("print('after')").result(timeout=60)["run_result"]["stdout"] == "after\n"
+        hog.join()
+        assert metric(a, 'wmrl_sandbox_rejected_total{reason="queue_full"}') >= 1  # it was really turned away
+
+
+@pytest.mark.parametrize("busy", [
+    (429, {"Retry-After": "0.1"}, {"error": "busy"}),  # servers before the queue
+    (503, {"Retry-After": "0.1"}, {"error": "queue full"}),
+])
+def test_busy_answers_wait_without_using_up_retries(busy):
+    with Scripted([busy, busy, busy, (200, {}, OK_BODY)]) as stub:
+        with SandboxDispatcher(StaticEndpoints([stub.url]), timeout=5, max_retries=0) as d:
+            assert d.run("print('ok')").result(timeout=30)["run_result"]["stdout"] == "ok\n"
+        assert stub.calls == 4
+
+
+def test_503_without_retry_after_is_a_failed_attempt():
+    with Scripted([(503, {}, {"error": "down"})]) as stub:
+        with SandboxDispatcher(StaticEndpoints([stub.url]), timeout=5, max_retries=1, backoff=0.01) as d:
+            with pytest.raises(SandboxUnavailable, match="2 attempts.*HTTP 503"):
+                d.run("print(1)").result(timeout=30)
+
+
+def test_memory_limit_is_sent_only_when_set():
+    with Scripted([(200, {}, OK_BODY)]) as stub:
+        with SandboxDispatcher(StaticEndpoints([stub.url]), timeout=5) as d:
+            assert "memory_limit_MB" not in d._body("x", None, None, None, None, None)  # the server's default
+            assert d._body("x", None, None, None, None, -1)["memory_limit_MB"] == -1  # the server's maximum
+        with SandboxDispatcher(StaticEndpoints([stub.url]), timeout=5, memory_limit_mb=1024) as d:
+            assert d._body("x", None, None, None, None, None)["memory_limit_MB"] == 1024
 
 
 def test_bad_arguments_are_named():

@@ -79,6 +79,18 @@ def test_sandbox_error_is_not_graded():
         grade(TASK, {"status": "SandboxError", "message": "boom", "run_result": None}, None)
 
 
+def test_fetched_files_over_the_limit_are_a_runtime_error(tmp_path):
+    """The program's output exceeded what the sandbox returns (files_truncated): its failure, not ungraded."""
+    resp = {**real_run("print('wrote a big submission')", tmp_path), "status": "Failed",
+            "message": "fetch_files: the files exceed 5 bytes together; the rest were left out",
+            "files_truncated": True}
+    out = grade(TASK, resp, None)
+    assert out.status is Status.RUNTIME_ERR and out.error_type == "OutputLimitExceeded"
+    assert "exceed 5 bytes" in out.feedback
+    crashed = {**real_run("raise ValueError('first')", tmp_path), "files_truncated": True}
+    assert grade(TASK, crashed, None).error_type == "ValueError"  # the program's own error says more
+
+
 @pytest.mark.parametrize("submission, why", [
     (None, "no submission.csv"),
     (b"", "empty"),

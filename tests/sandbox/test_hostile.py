@@ -10,6 +10,7 @@ import io
 import os
 import socket
 import threading
+import time
 import uuid
 import zipfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -231,6 +232,26 @@ def test_fetch_files_never_follows_links_out(server, tmp_path):
     assert_contained(server)
 
 
+def test_fetch_files_reads_only_what_the_program_owns(server, tmp_path):
+    """Absolute fetch_files paths are read as the program's uid in its own view: never the server's
+    environment (through /proc, directly or via a link), its descriptors or root-only files."""
+    secret_file = tmp_path / "root-only.txt"
+    secret_file.write_text(SECRET)
+    secret_file.chmod(0o644)  # readable by anyone, but not the program's own file
+    code = ("import os\nos.symlink('/proc/self', '/tmp/p')\nos.symlink('/proc', 'procs')\n"
+            f"try:\n    os.link({str(secret_file)!r}, 'hard')\nexcept OSError as e:\n    print('no link', e)\n"
+            "print('ok')")
+    names = ["/tmp/p/environ", "/proc/self/environ", "/proc/1/environ", f"/proc/{server.pid}/environ",
+             f"procs/{server.pid}/environ", "/tmp/p/fd/0", "/tmp/p/cwd/../../x", "hard", str(secret_file),
+             "/etc/shadow", "/etc/passwd", f"{server.work_root}/x", "/proc/self/status"]
+    resp = httpx.post(f"{server.url}/run_code", json={"code": code, "language": "python", "fetch_files": names},
+                      timeout=30)
+    assert resp.status_code == 200 and resp.json()["status"] == "Success", resp.text
+    assert resp.json()["files"] == {}
+    assert SECRET not in resp.text and base64.b64encode(SECRET.encode()).decode() not in resp.text
+    assert_contained(server)
+
+
 def test_unknown_language_is_rejected_like_sandboxfusion(server):
     resp = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "cobol"})
     assert resp.status_code == 422
@@ -247,40 +268,58 @@ def test_body_over_the_limit_is_413(server):
 
 
 def test_fifty_concurrent_requests_on_one_slot(server):
-    """Exactly one of 50 simultaneous requests runs; the 49 others get 429 at once, never queued.
+    """One of 50 simultaneous requests runs, --max-queue (16 per slot) wait for it in turn, and the
+    33 others get 503 + Retry-After at once; executions never overlap.
 
-    The winner runs until the test drops a file into its working directory, so the slot stays
-    taken until every other request has been answered, however slowly they arrive here.
+    A first request takes the slot and holds it until the test drops a file into its working
+    directory, so every other request has been queued or answered before anything else runs.
     """
-    code = "import os, time\nwhile not os.path.exists('release'):\n    time.sleep(0.01)\nprint('released')"
-    busy_before = _metric(server, 'wmrl_sandbox_rejected_total{reason="busy"}')
-    barrier = threading.Barrier(50)
+    hold = "import os, time\nwhile not os.path.exists('release'):\n    time.sleep(0.01)\nprint('released')"
+    full_before = _metric(server, 'wmrl_sandbox_rejected_total{reason="queue_full"}')
+    max_queue = server.healthz()["max_queue"]
+    assert max_queue == 16
+    # Each waiting execution reports when it ran: the intervals must not overlap.
+    interval = "import time\nt0 = time.time()\ntime.sleep(0.02)\nprint(t0, time.time())"
+    with ThreadPoolExecutor(1) as holding:
+        holder = holding.submit(httpx.post, f"{server.url}/run_code", timeout=120,
+                                json={"code": hold, "language": "python", "run_timeout": 120})
+        while server.healthz()["busy"] == 0:
+            time.sleep(0.02)
+        barrier = threading.Barrier(49)
 
-    def post(_):
-        with httpx.Client(timeout=120) as client:
-            barrier.wait()
-            return client.post(f"{server.url}/run_code", json={"code": code, "language": "python", "run_timeout": 120})
+        def post(_):
+            with httpx.Client(timeout=120) as client:
+                barrier.wait()
+                return client.post(f"{server.url}/run_code", json={"code": interval, "language": "python"})
 
-    with ThreadPoolExecutor(50) as pool:
-        pending = [pool.submit(post, i) for i in range(50)]
-        answered = []
-        try:
-            for future in as_completed(pending, timeout=120):  # the timeout only keeps a bug from hanging
-                answered.append(future.result())
-                if len(answered) == 49:
-                    break
-            assert all(r.status_code == 429 for r in answered), [r.text for r in answered if r.status_code != 429]
-            assert all(r.headers["Retry-After"] == "1" for r in answered)
-            assert server.healthz()["busy"] == 1 and len(os.listdir(server.work_root)) == 1  # the winner, still running
-        finally:  # release whatever runs, also when an assertion above failed
-            for execution in os.listdir(server.work_root):
-                with contextlib.suppress(OSError):  # one that is just starting or ending
-                    (Path(server.work_root) / execution / WORK_SUBDIR / "release").touch()
-        ok = [r for r in (f.result() for f in pending) if r.status_code != 429]
-    [winner] = ok
+        with ThreadPoolExecutor(49) as pool:
+            pending = [pool.submit(post, i) for i in range(49)]
+            try:
+                answered = []
+                for future in as_completed(pending, timeout=120):  # the timeout only keeps a bug from hanging
+                    answered.append(future.result())
+                    if len(answered) == 49 - max_queue:
+                        break
+                assert all(r.status_code == 503 for r in answered), [r.text for r in answered if r.status_code != 503]
+                assert all(r.headers["Retry-After"] == "1" for r in answered)
+                health = server.healthz()
+                assert health["busy"] == 1 and health["queued"] == max_queue
+                assert len(os.listdir(server.work_root)) == 1  # the holder, still running
+            finally:  # release whatever runs, also when an assertion above failed
+                for execution in os.listdir(server.work_root):
+                    with contextlib.suppress(OSError):  # one that is just starting or ending
+                        (Path(server.work_root) / execution / WORK_SUBDIR / "release").touch()
+            results = [f.result() for f in pending]
+        winner = holder.result()
     assert winner.status_code == 200, winner.text
     assert winner.json()["status"] == "Success" and winner.json()["run_result"]["stdout"] == "released\n"
-    assert _metric(server, 'wmrl_sandbox_rejected_total{reason="busy"}') == busy_before + 49
+    ran = [r for r in results if r.status_code == 200]
+    assert len(ran) == max_queue and len(results) - len(ran) == 49 - max_queue
+    assert all(r.json()["status"] == "Success" for r in ran)
+    spans = sorted(tuple(map(float, r.json()["run_result"]["stdout"].split())) for r in ran)
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
+    assert _metric(server, 'wmrl_sandbox_rejected_total{reason="queue_full"}') == full_before + 49 - max_queue
+    assert _metric(server, "wmrl_sandbox_execution_seconds_count") >= max_queue + 1
     assert_contained(server)
 
 

@@ -4,6 +4,7 @@ Started with setpriv as an unprivileged uid. No per-execution uid or namespaces 
 process limit, the marker-based cleanup, the scrubbed environment and the limits remain.
 """
 
+import base64
 import os
 import shutil
 
@@ -78,3 +79,17 @@ def test_nonroot_timeout_and_memory(nonroot):
     res = run(nonroot, "x = bytearray(10**10)")
     assert "MemoryError" in res["run_result"]["stderr"]
     assert httpx.get(f"{nonroot.url}/healthz").status_code == 200
+
+
+def test_nonroot_files_import_and_fetch_stays_in_the_working_directory(nonroot, tmp_path):
+    """files sit beside the program here too; fetch_files returns only what is inside the working
+    directory (nested and .. paths included), since outside it nothing tells the program's files
+    from the server's: an absolute path elsewhere, or one through a link out, is absent."""
+    helper = base64.b64encode(b"def f(): return 1").decode()
+    code = ("import helper, os\nos.makedirs('a/b')\nopen('a/b/c.txt', 'w').write(str(helper.f()))\n"
+            "os.symlink('/proc/self/environ', 'env')\nos.symlink('/proc', 'procs')\nprint(os.getcwd())")
+    res = run(nonroot, code, files={"helper.py": helper},
+              fetch_files=["a/b/c.txt", "a/../a/b/c.txt", "env", "procs/self/environ", "/proc/self/environ",
+                           "/etc/passwd", "../x"])
+    assert res["status"] == "Success", res["run_result"]["stderr"]
+    assert res["files"] == {"a/b/c.txt": "MQ==", "a/../a/b/c.txt": "MQ=="}
