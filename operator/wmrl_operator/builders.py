@@ -14,6 +14,7 @@ Which children exist depends on the mode:
 from __future__ import annotations
 
 import json
+import posixpath
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -39,6 +40,44 @@ TASKS_MOUNT = "/tasks"
 WORK_DIR = "/work"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/wmrl/operator:0.1.0"
 MASTER_PORT = 29500
+
+# ---- Pod defaults (documented in docs/operator.md, "Pod security, resources and scratch space").
+# Quantities are written in the apiserver's canonical form ("2Gi", not "2048Mi"; "1", not "1000m")
+# so that what is applied reads back unchanged.
+
+# Sandbox Pods, per slot (one concurrent execution), from sandbox-image/wmrl_sandbox/executor.py's
+# Limits. Used for cpu/memory when spec.sandbox.resources names neither its request nor its limit.
+SANDBOX_CPU_MILLI_PER_SLOT = 1000  # an execution is one Python process: one core each
+SANDBOX_SERVER_CPU_MILLI = 250  # the HTTP server, its dispatcher and the probes, next to busy slots
+SANDBOX_EXEC_MEMORY_MI = 2048  # Limits.memory_mb: an execution's address-space cap (RLIMIT_AS) when the
+                               # request sets no memory_limit_MB, which the trainer never sets
+SANDBOX_FILE_MI = 256  # Limits.file_size_mb: the largest file an execution may write (RLIMIT_FSIZE)
+SANDBOX_WORK_MI_PER_SLOT = 2 * SANDBOX_FILE_MI  # /work/exec/<execution>: program, files, two max-size outputs
+SANDBOX_WORK_MI_BASE = 256  # /work also holds the server's TMPDIR (/work/tmp) and HOME
+SANDBOX_TMP_MI_PER_SLOT = SANDBOX_FILE_MI  # /tmp: programs that write there directly (one max-size file)
+SANDBOX_SERVER_MEMORY_MI = 512  # the server: Python + wmrl, 1 MiB output buffers per stream, fetched files
+
+# /dev/shm (a memory-backed emptyDir) for the trainer and the vLLM world model: NCCL's shared-memory
+# transport, PyTorch's inter-process tensors and vLLM's worker message queue live there, and a
+# container runtime's default is 64 MiB. 2 GiB is what vLLM's Kubernetes guide gives one server;
+# scaled by the GPUs of the Pod (one rank each), at least one GPU's worth.
+SHM_MOUNT = "/dev/shm"
+SHM_MI_PER_GPU = 2048
+
+# The trainer image (trainer/Dockerfile): USER 65532:65532, HOME /home/wmrl, HF_HOME and
+# TRITON_CACHE_DIR under /var/cache/wmrl. Its root filesystem is read-only in the Pod, so these
+# (and /tmp) are emptyDirs, and the cache variables point into them.
+TRAINER_UID = 65532
+TRAINER_HOME = "/home/wmrl"
+TRAINER_CACHE = "/var/cache/wmrl"
+TRAINER_TMP = "/tmp"
+TRAINER_CACHE_ENV = {
+    "HOME": TRAINER_HOME,
+    "XDG_CACHE_HOME": TRAINER_CACHE,  # vLLM, torch hub, flashinfer, ... (their default: ~/.cache)
+    "HF_HOME": f"{TRAINER_CACHE}/huggingface",  # as in the image
+    "TRITON_CACHE_DIR": f"{TRAINER_CACHE}/triton",  # as in the image
+    "WMRL_CACHE": f"{TRAINER_CACHE}/wmrl",  # builtin policies and task suites, built on first use
+}
 
 
 @dataclass(frozen=True)
@@ -120,9 +159,26 @@ def _meta(run: Run, name: str, component: str, owned: bool = True) -> dict[str, 
     return meta
 
 
-def _resources(res: Resources, gpus: int = 0) -> dict[str, Any]:
+def _mi(mebibytes: int) -> str:
+    """A memory quantity in canonical form: whole GiB as ``Gi``, otherwise ``Mi``."""
+    return f"{mebibytes // 1024}Gi" if mebibytes % 1024 == 0 else f"{mebibytes}Mi"
+
+
+def _cpu(millicores: int) -> str:
+    """A CPU quantity in canonical form: whole cores without a suffix, otherwise ``m``."""
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
+
+
+def _resources(res: Resources, gpus: int = 0, defaults: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """The container's resources: the spec's, plus ``defaults`` (request = limit) for each resource
+    the spec names neither a request nor a limit for. A resource is taken whole from one side, so
+    a default request never lands above a limit the user set (or the reverse)."""
     requests = dict(res.requests)
     limits = dict(res.limits)
+    for name, quantity in (defaults or {}).items():
+        if name not in requests and name not in limits:
+            requests[name] = quantity
+            limits[name] = quantity
     if gpus > 0:  # extended resources: request == limit
         requests["nvidia.com/gpu"] = str(gpus)
         limits["nvidia.com/gpu"] = str(gpus)
@@ -176,6 +232,53 @@ def config_map(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
             "data": {CONFIG_KEY: run_config(run, spec).to_yaml()}}
 
 
+# ---------------------------------------------------------------- pod security and scratch space
+
+
+def _hardened_security() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pod and container securityContext for the images that run as a numeric non-root USER
+    (trainer, sandbox, calibration): runAsNonRoot makes the kubelet refuse anything else."""
+    pod = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    return pod, container
+
+
+def _root_image_security() -> tuple[dict[str, Any], dict[str, Any]]:
+    """For an image that may run as root (vLLM's official image does): no runAsNonRoot, which
+    would make the kubelet refuse to start it, and a writable root filesystem (vLLM and the
+    libraries under it write caches and sockets in several places); but no capabilities, no
+    privilege escalation (no setuid gains) and the runtime's default seccomp profile."""
+    pod = {"seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                 "seccompProfile": {"type": "RuntimeDefault"}}
+    return pod, container
+
+
+def shm_size(gpus: int) -> str:
+    """The sizeLimit of a Pod's /dev/shm: ``SHM_MI_PER_GPU`` per GPU, at least one GPU's worth."""
+    return _mi(SHM_MI_PER_GPU * max(1, gpus))
+
+
+def _shm_volume(gpus: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    return ({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(gpus)}},
+            {"name": "shm", "mountPath": SHM_MOUNT})
+
+
+def sandbox_default_resources(slots: int) -> dict[str, str]:
+    """cpu and memory of a sandbox Pod with ``slots`` concurrent executions (request = limit):
+    a core per slot plus the server's share; per slot an execution's memory cap and its share of
+    the memory-backed emptyDirs (their pages count against the container's memory), plus the server."""
+    work, tmp = sandbox_volume_mebibytes(slots)
+    return {"cpu": _cpu(SANDBOX_CPU_MILLI_PER_SLOT * slots + SANDBOX_SERVER_CPU_MILLI),
+            "memory": _mi(SANDBOX_EXEC_MEMORY_MI * slots + work + tmp + SANDBOX_SERVER_MEMORY_MI)}
+
+
+def sandbox_volume_mebibytes(slots: int) -> tuple[int, int]:
+    """sizeLimit (MiB) of the sandbox Pod's memory-backed ``/work`` and ``/tmp``."""
+    return SANDBOX_WORK_MI_BASE + SANDBOX_WORK_MI_PER_SLOT * slots, SANDBOX_TMP_MI_PER_SLOT * slots
+
+
 # ---------------------------------------------------------------- trainer
 
 
@@ -213,6 +316,17 @@ def _trainer_volumes(run: Run, spec: WMRLRunSpec) -> tuple[list[dict[str, Any]],
     elif spec.tasks.config_map:
         volumes.append({"name": "tasks", "configMap": {"name": spec.tasks.config_map}})
         mounts.append({"name": "tasks", "mountPath": TASKS_MOUNT, "readOnly": True})
+    # Writable scratch for a read-only root filesystem, and /dev/shm. A scratch directory that the
+    # checkpoint volume already occupies (checkpoint.path: /tmp, say) is left to that volume.
+    taken = {posixpath.normpath(m["mountPath"]) for m in mounts}
+    shm_volume, shm_mount = _shm_volume(spec.trainer.gpus_per_node)
+    scratch = [(shm_volume, shm_mount)] + [
+        ({"name": name, "emptyDir": {}}, {"name": name, "mountPath": path})
+        for name, path in (("tmp", TRAINER_TMP), ("home", TRAINER_HOME), ("cache", TRAINER_CACHE))]
+    for volume, mount in scratch:
+        if posixpath.normpath(mount["mountPath"]) not in taken:
+            volumes.append(volume)
+            mounts.append(mount)
     return volumes, mounts
 
 
@@ -223,11 +337,15 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
     name = trainer_name(run)
     pod_labels = labels(run, "trainer")
     volumes, mounts = _trainer_volumes(run, spec)
+    pod_sec, container_sec = _hardened_security()
+    # fsGroup: a checkpoint PVC is usually root-owned; the kubelet makes it group-writable for the
+    # image's group (only when its root does not match yet: large volumes are not re-chowned).
+    pod_sec.update({"fsGroup": TRAINER_UID, "fsGroupChangePolicy": "OnRootMismatch"})
     env = [
         {"name": "WMRL_RUN", "value": run.name},
         {"name": "WMRL_NAMESPACE", "value": run.namespace},
         {"name": "WMRL_NODES", "value": str(t.nodes)},
-    ]
+    ] + [{"name": k, "value": v} for k, v in TRAINER_CACHE_ENV.items()]
     if t.nodes > 1:
         env += [{"name": "MASTER_ADDR", "value": f"{name}-0.{name}"}, {"name": "MASTER_PORT", "value": str(MASTER_PORT)}]
     ports = [{"name": "metrics", "containerPort": TRAINER_METRICS_PORT}]
@@ -240,6 +358,7 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
         "command": ["wmrl", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
         "env": env,
         "ports": ports,
+        "securityContext": container_sec,
         "volumeMounts": mounts,
     }
     res = _resources(t.resources, t.gpus_per_node)
@@ -248,6 +367,7 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": name,
+        "securityContext": pod_sec,
         "containers": [container],
         "volumes": volumes,
     }
@@ -279,14 +399,6 @@ def trainer_service(run: Run) -> dict[str, Any]:
 # ---------------------------------------------------------------- sandbox pool
 
 
-def _hardened_security() -> tuple[dict[str, Any], dict[str, Any]]:
-    # The images set a numeric non-root USER; runAsNonRoot makes the kubelet refuse anything else.
-    pod = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-    container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
-    return pod, container
-
-
 def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
     s = spec.sandbox
     pod_labels = labels(run, "sandbox")
@@ -310,15 +422,15 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         "securityContext": container_sec,
         "volumeMounts": [{"name": "work", "mountPath": WORK_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
     }
-    res = _resources(s.resources)
-    if res:
-        container["resources"] = res
+    container["resources"] = _resources(s.resources, defaults=sandbox_default_resources(s.slots_per_pod))
+    work_mi, tmp_mi = sandbox_volume_mebibytes(s.slots_per_pod)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_sec,
         "containers": [container],
-        "volumes": [{"name": "work", "emptyDir": {"medium": "Memory"}}, {"name": "tmp", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": _mi(work_mi)}},
+                    {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": _mi(tmp_mi)}}],
     }
     if s.runtime_class_name:
         pod_spec["runtimeClassName"] = s.runtime_class_name
@@ -361,24 +473,29 @@ def world_model_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options(
     args = ["--model", model, "--served-model-name", model, "--host", "0.0.0.0", "--port", str(WORLD_MODEL_PORT)]
     if wm.gpus_per_replica > 1:
         args += ["--tensor-parallel-size", str(wm.gpus_per_replica)]
+    pod_sec, container_sec = _root_image_security()
+    shm_volume, shm_mount = _shm_volume(wm.gpus_per_replica)
     container: dict[str, Any] = {
         "name": "vllm",
         "image": wm.image,
         "args": args,
         "ports": [{"name": "http", "containerPort": WORLD_MODEL_PORT}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": WORLD_MODEL_PORT}, "periodSeconds": 10},
+        "securityContext": container_sec,
+        "volumeMounts": [shm_mount],
     }
     res = _resources(wm.resources, wm.gpus_per_replica)
     if res:
         container["resources"] = res
     replicas = 0 if (opts.suspended or opts.finished) else wm.replicas
+    pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "securityContext": pod_sec,
+                                "containers": [container], "volumes": [shm_volume]}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(run, world_model_name(run), "world-model"),
         "spec": {"replicas": replicas, "selector": {"matchLabels": pod_labels},
-                 "template": {"metadata": {"labels": pod_labels},
-                              "spec": {"automountServiceAccountToken": False, "containers": [container]}}},
+                 "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec}},
     }
 
 

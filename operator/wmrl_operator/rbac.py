@@ -14,7 +14,15 @@ Least privilege, and why each rule is there:
   what it holds itself (no ``escalate``/``bind`` needed);
 - Events: transitions are posted as Events;
 - CRDs list/watch: kopf's resource discovery;
-- ValidatingWebhookConfigurations: only with ``--webhook`` (kopf manages its own configuration).
+- webhook configurations: only with ``--webhook``, and only the operator's own. kopf's managed
+  mode (``settings.admission.managed``) creates a Validating *and* a Mutating
+  WebhookConfiguration named ``WEBHOOK_CONFIGURATION`` (the mutating one without webhooks: the
+  operator registers none) and then only patches them; it never gets, lists, watches, updates or
+  deletes them. ``patch`` is limited to that name by ``resourceNames``. ``create`` cannot be:
+  Kubernetes RBAC never matches a create against ``resourceNames`` (the object has no name
+  until it exists), so a rule with them would refuse every create, and kopf creates before it
+  patches (a 403 there stops the operator: it is one of kopf's root tasks). The webhook's TLS
+  is self-signed in memory at start-up (``webhook.py``): no Secret is read or written.
 """
 
 from __future__ import annotations
@@ -41,14 +49,20 @@ CLUSTER_ROLE_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
 ]
 
+# The name kopf gives its managed webhook configurations: ``settings.admission.managed`` in main.py.
+WEBHOOK_CONFIGURATION = "wmrl.dev"
+WEBHOOK_RESOURCES = ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
+
 WEBHOOK_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
-     "verbs": ["get", "list", "watch", "create", "patch", "update"]},
+    {"apiGroups": ["admissionregistration.k8s.io"], "resources": WEBHOOK_RESOURCES, "verbs": ["create"]},
+    {"apiGroups": ["admissionregistration.k8s.io"], "resources": WEBHOOK_RESOURCES,
+     "resourceNames": [WEBHOOK_CONFIGURATION], "verbs": ["patch"]},
 ]
 
 
 def rules(webhook: bool = False) -> list[dict[str, Any]]:
-    return [dict(r) for r in CLUSTER_ROLE_RULES + (WEBHOOK_RULES if webhook else [])]
+    return [{k: list(v) if isinstance(v, list) else v for k, v in r.items()}
+            for r in CLUSTER_ROLE_RULES + (WEBHOOK_RULES if webhook else [])]
 
 
 def cluster_role(name: str = "wmrl-operator", webhook: bool = False) -> dict[str, Any]:

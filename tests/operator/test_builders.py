@@ -204,3 +204,182 @@ def test_tasks_from_pvc_are_mounted_read_only():
 def test_builders_are_pure():
     sp = spec()
     assert b.children(RUN, sp) == b.children(RUN, sp)
+
+
+# ---------------------------------------------------------------- pod safety (issue 14, item 4)
+
+
+def pod_of(obj):
+    return obj["spec"]["template"]["spec"]
+
+
+def volumes_of(obj):
+    return {v["name"]: v for v in pod_of(obj)["volumes"]}
+
+
+def mounts_of(obj):
+    return {m["mountPath"]: m["name"] for m in pod_of(obj)["containers"][0]["volumeMounts"]}
+
+
+def test_sandbox_defaults_follow_the_executor_limits():
+    """The per-slot figures are the executor's own defaults, so the two cannot drift apart."""
+    from wmrl_sandbox.executor import Limits
+
+    assert b.SANDBOX_EXEC_MEMORY_MI == Limits().memory_mb
+    assert b.SANDBOX_FILE_MI == Limits().file_size_mb
+
+
+@pytest.mark.parametrize("slots,cpu,memory,work,tmp", [
+    (1, "1250m", "3584Mi", "768Mi", "256Mi"),
+    (2, "2250m", "6400Mi", "1280Mi", "512Mi"),
+    (4, "4250m", "12032Mi", "2304Mi", "1Gi"),
+])
+def test_sandbox_gets_default_resources_and_sized_memory_volumes(slots, cpu, memory, work, tmp):
+    dep = b.sandbox_deployment(RUN, spec(sandbox={"slotsPerPod": slots}))
+    c = pod_of(dep)["containers"][0]
+    assert c["resources"] == {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}
+    vols = volumes_of(dep)
+    assert vols["work"]["emptyDir"] == {"medium": "Memory", "sizeLimit": work}
+    assert vols["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": tmp}
+    assert mounts_of(dep) == {"/work": "work", "/tmp": "tmp"}
+    # The memory limit holds every slot's execution cap plus both memory-backed volumes, full.
+    mib = lambda q: int(q[:-2]) * (1024 if q.endswith("Gi") else 1)
+    assert mib(memory) >= slots * b.SANDBOX_EXEC_MEMORY_MI + mib(work) + mib(tmp) + b.SANDBOX_SERVER_MEMORY_MI
+
+
+def test_sandbox_explicit_resources_win_per_resource():
+    full = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    c = pod_of(b.sandbox_deployment(RUN, spec(sandbox={"resources": full})))["containers"][0]
+    assert c["resources"] == full
+    # Only a memory limit: memory is the user's alone (no default request above it); cpu is defaulted.
+    c = pod_of(b.sandbox_deployment(RUN, spec(sandbox={"resources": {"limits": {"memory": "1Gi"}}})))["containers"][0]
+    assert c["resources"] == {"requests": {"cpu": "1250m"}, "limits": {"memory": "1Gi", "cpu": "1250m"}}
+    # Something else entirely: cpu and memory still get their defaults.
+    c = pod_of(b.sandbox_deployment(RUN, spec(sandbox={"resources": {"requests": {"ephemeral-storage": "1Gi"}}})))["containers"][0]
+    assert c["resources"]["requests"] == {"ephemeral-storage": "1Gi", "cpu": "1250m", "memory": "3584Mi"}
+    # The volumes' sizeLimits do not depend on the resources.
+    assert volumes_of(b.sandbox_deployment(RUN, spec(sandbox={"resources": full})))["work"]["emptyDir"]["sizeLimit"] == "768Mi"
+
+
+def test_quantities_are_canonical():
+    assert [b._mi(n) for n in (256, 1024, 1536, 2048, 3584)] == ["256Mi", "1Gi", "1536Mi", "2Gi", "3584Mi"]
+    assert [b._cpu(n) for n in (250, 1000, 1250, 4000)] == ["250m", "1", "1250m", "4"]
+
+
+@pytest.mark.parametrize("gpus,size", [(0, "2Gi"), (1, "2Gi"), (4, "8Gi"), (8, "16Gi")])
+def test_trainer_gets_dev_shm_sized_by_its_gpus(gpus, size):
+    job = b.trainer_job(RUN, spec(trainer={"gpusPerNode": gpus}))
+    assert volumes_of(job)["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+    assert mounts_of(job)["/dev/shm"] == "shm"
+
+
+@pytest.mark.parametrize("gpus,size", [(0, "2Gi"), (1, "2Gi"), (2, "4Gi")])
+def test_world_model_gets_dev_shm_sized_by_its_gpus(gpus, size):
+    dep = b.world_model_deployment(RUN, spec(worldModel={"gpusPerReplica": gpus}))
+    assert volumes_of(dep)["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+    assert mounts_of(dep) == {"/dev/shm": "shm"}
+
+
+def test_trainer_pod_is_hardened_with_writable_scratch_and_cache_env():
+    job = b.trainer_job(RUN, spec(trainer={"gpusPerNode": 8, "checkpoint": {"claimName": "ckpt"}}))
+    pod = pod_of(job)
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
+                                      "fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"}
+    c = pod["containers"][0]
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+                                    "seccompProfile": {"type": "RuntimeDefault"}}
+    mounts = mounts_of(job)
+    assert mounts == {"/etc/wmrl": "config", "/checkpoints": "checkpoints", "/dev/shm": "shm", "/tmp": "tmp",
+                      "/home/wmrl": "home", "/var/cache/wmrl": "cache"}
+    vols = volumes_of(job)
+    for name in ("tmp", "home", "cache"):  # disk-backed: model downloads are large, and no sizeLimit evicts the trainer
+        assert vols[name]["emptyDir"] == {}, name
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["HOME"] == "/home/wmrl"
+    for key in ("XDG_CACHE_HOME", "HF_HOME", "TRITON_CACHE_DIR", "WMRL_CACHE"):
+        assert env[key].startswith("/var/cache/wmrl"), key
+    # Everything the read-only root leaves writable is a mount of its own.
+    writable = [p for p, n in mounts.items() if n not in ("config",)]
+    for key in ("HOME", "XDG_CACHE_HOME", "HF_HOME", "TRITON_CACHE_DIR", "WMRL_CACHE"):
+        assert any(env[key] == p or env[key].startswith(p + "/") for p in writable), key
+
+
+def test_trainer_env_matches_the_trainer_image():
+    """The cache variables keep the image's own values (trainer/Dockerfile), and its USER is the fsGroup."""
+    from pathlib import Path
+
+    dockerfile = (Path(__file__).resolve().parents[2] / "trainer" / "Dockerfile").read_text()
+    assert "HF_HOME=/var/cache/wmrl/huggingface" in dockerfile
+    assert "TRITON_CACHE_DIR=/var/cache/wmrl/triton" in dockerfile
+    assert f"USER {b.TRAINER_UID}:{b.TRAINER_UID}" in dockerfile
+    assert f"WORKDIR {b.TRAINER_HOME}" in dockerfile
+
+
+@pytest.mark.parametrize("path", ["/tmp", "/home/wmrl/", "/var/cache/wmrl"])
+def test_checkpoint_path_on_a_scratch_directory_replaces_that_scratch_volume(path):
+    job = b.trainer_job(RUN, spec(trainer={"checkpoint": {"path": path}}))
+    mounts = [m["mountPath"].rstrip("/") for m in pod_of(job)["containers"][0]["volumeMounts"]]
+    assert len(mounts) == len(set(mounts)), mounts  # the apiserver refuses a mountPath twice
+    assert len(pod_of(job)["volumes"]) == len(mounts)
+
+
+def test_world_model_drops_capabilities_but_may_run_as_root():
+    pod = pod_of(b.world_model_deployment(RUN, spec()))
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    sc = pod["containers"][0]["securityContext"]
+    assert sc == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "runAsNonRoot" not in str(pod)
+    assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("mode", ["wmrl", "worldModel", "real"])
+def test_every_pod_of_every_child_drops_capabilities_and_uses_runtime_default_seccomp(mode):
+    pods = [pod_of(o) for o in b.children(RUN, spec(mode=mode)) if o["kind"] in ("Deployment", "Job")]
+    assert pods
+    for pod in pods:
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, c["name"]
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+            if c["name"] != "vllm":
+                assert c["securityContext"]["runAsNonRoot"] is True, c["name"]
+                assert c["securityContext"]["readOnlyRootFilesystem"] is True, c["name"]
+        for v in pod.get("volumes", ()):
+            if (v.get("emptyDir") or {}).get("medium") == "Memory":
+                assert v["emptyDir"].get("sizeLimit"), v
+
+
+# ---------------------------------------------------------------- the operator's webhook RBAC
+
+
+def test_webhook_rbac_is_limited_to_the_operators_own_configurations():
+    from wmrl_operator import rbac
+
+    webhook = [r for r in rbac.rules(webhook=True) if r not in rbac.rules(webhook=False)]
+    assert webhook and all(r["apiGroups"] == ["admissionregistration.k8s.io"] for r in webhook)
+    for rule in webhook:
+        assert set(rule["resources"]) == {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"}
+        assert not set(rule["verbs"]) & {"get", "list", "watch", "update", "delete", "deletecollection", "*"}
+        if rule["verbs"] != ["create"]:  # RBAC cannot limit create by name
+            assert rule["resourceNames"] == [rbac.WEBHOOK_CONFIGURATION], rule
+    assert {"apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+            "resourceNames": ["wmrl.dev"], "verbs": ["patch"]} in webhook
+    assert not any("secrets" in r["resources"] for r in rbac.rules(webhook=True))
+    # rules() hands out copies: editing one cannot change the module's rules.
+    rbac.rules(webhook=True)[-1]["resourceNames"].append("other")
+    assert rbac.WEBHOOK_RULES[-1]["resourceNames"] == ["wmrl.dev"]
+
+
+def test_webhook_configuration_name_is_the_one_kopf_manages():
+    import argparse
+
+    from wmrl_operator.main import add_arguments, operator_settings
+    from wmrl_operator.rbac import WEBHOOK_CONFIGURATION
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = operator_settings(parser.parse_args(["--webhook", "--webhook-host", "localhost"]))
+    assert settings.admission.managed == WEBHOOK_CONFIGURATION

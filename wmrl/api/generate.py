@@ -49,6 +49,7 @@ CLUSTER_SCOPED = {
     ("apiextensions.k8s.io", "customresourcedefinitions"),
     ("", "namespaces"),
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
 }
 
 

@@ -1,0 +1,159 @@
+"""Pod safety on the real control plane (issue 14, item 4): every child of a run, server-side
+applied as the operator applies it, is accepted by the apiserver; what the apiserver stores (and
+the Pods its controllers then create) still carries the securityContext, /dev/shm, the
+memory-backed emptyDirs' sizeLimits and the sandbox's default resources; and Pod Security
+Admission finds every pod template "restricted" except the vLLM world model's, which is
+"baseline" and misses only runAsNonRoot (its image may run as root).
+
+No operator runs here: the test applies ``builders.children`` itself (field manager
+``wmrl-operator``, like ``kube.apply``), owned by a real WMRLRun object so that owner references
+are the real ones. Pods land on kwok nodes (they run nothing); a Pod that exists was admitted.
+"""
+
+import json
+
+import pytest
+
+from operator_helpers import run_manifest, wait_for
+from wmrl.api.schema import parse_spec
+from wmrl_operator import builders as b
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+PSA_WARNING = "would violate PodSecurity"
+WORKLOADS = ("Deployment", "Job")
+
+
+@pytest.fixture(scope="module")
+def psa_namespace(kube):
+    """The module's namespace, enforcing Pod Security "baseline" and warning on "restricted"."""
+    kube.run("label", "namespace", kube.ns, "--overwrite",
+             "pod-security.kubernetes.io/enforce=baseline", "pod-security.kubernetes.io/enforce-version=latest",
+             "pod-security.kubernetes.io/warn=restricted", "pod-security.kubernetes.io/warn-version=latest")
+    return kube
+
+
+def make_run(kube, name, **spec):
+    """A real WMRLRun (nothing reconciles it here) and the spec as stored, apiserver defaults included."""
+    kube.apply(run_manifest(name, **spec))
+    body = wait_for(lambda: kube.get("wmrlrun", name), what=f"wmrlrun/{name}")
+    return b.Run(name, kube.ns, body["metadata"]["uid"]), parse_spec(body["spec"])
+
+
+def server_side_apply(kube, obj):
+    """Apply as the operator does; returns (the object the apiserver stored, kubectl's warnings)."""
+    res = kube.run("apply", "--server-side", "--field-manager=wmrl-operator", "-n", kube.ns, "-o", "json",
+                   "-f", "-", input=json.dumps(obj), check=False)
+    assert res.returncode == 0, f"{obj['kind']}/{obj['metadata']['name']} refused:\n{res.stderr}"
+    return json.loads(res.stdout), res.stderr
+
+
+def pod_spec(obj):
+    return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+
+
+def by_name(items):
+    return {i["name"]: i for i in items}
+
+
+def assert_pod_carries(built, stored):
+    """What the builder put into a pod spec is in the stored one, unchanged (no field dropped,
+    quantities already canonical). The stored one may have more: ConfigMap volumes get their
+    defaultMode, and a Pod that mounts its service-account token gets that volume and mount."""
+    want, got = pod_spec(built), pod_spec(stored)
+    assert got.get("securityContext") == want.get("securityContext")
+    got_volumes = by_name(got.get("volumes", []))
+    for name, volume in by_name(want.get("volumes", [])).items():
+        if "configMap" in volume:
+            volume = {**volume, "configMap": {"defaultMode": 420, **volume["configMap"]}}
+        assert got_volumes.get(name) == volume, name
+    for want_c in want["containers"]:
+        got_c = by_name(got["containers"])[want_c["name"]]
+        assert got_c.get("securityContext") == want_c.get("securityContext"), want_c["name"]
+        got_mounts = got_c.get("volumeMounts") or []
+        assert [m for m in got_mounts if m["name"] in got_volumes and m["name"] in by_name(want.get("volumes", []))] \
+            == want_c.get("volumeMounts", []), want_c["name"]
+        assert got_c.get("env") == want_c.get("env"), want_c["name"]
+        if "resources" in want_c:
+            for side in ("requests", "limits"):
+                want_side = {k: str(v) for k, v in want_c["resources"].get(side, {}).items()}
+                got_side = got_c["resources"].get(side, {})
+                assert {k: got_side.get(k) for k in want_side} == want_side, (want_c["name"], side)
+
+
+def psa_violations(warnings):
+    return [line for line in warnings.splitlines() if PSA_WARNING in line]
+
+
+def test_every_child_is_accepted_and_keeps_its_pod_safety(psa_namespace):
+    kube = psa_namespace
+    run, spec = make_run(kube, "safe", trainer={"gpusPerNode": 2}, sandbox={"slotsPerPod": 2},
+                         worldModel={"gpusPerReplica": 2})
+    built = b.children(run, spec)
+    kinds = {o["kind"] for o in built}
+    assert {"Job", "Deployment", "ConfigMap", "Service", "NetworkPolicy", "Role"} <= kinds
+    stored, warned = {}, {}
+    for obj in built:
+        key = (obj["kind"], obj["metadata"]["name"])
+        stored[key], warnings = server_side_apply(kube, obj)
+        warned[key] = psa_violations(warnings)
+
+    workloads = [o for o in built if o["kind"] in WORKLOADS]
+    assert {o["metadata"]["name"] for o in workloads} == {"safe-trainer", "safe-sandbox", "safe-calibration",
+                                                          "safe-world-model"}
+    for obj in workloads:
+        key = (obj["kind"], obj["metadata"]["name"])
+        assert_pod_carries(obj, stored[key])
+        if obj["metadata"]["name"] == "safe-world-model":
+            # The apiserver's Pod Security check is live (so the silence below means something),
+            # and the vLLM template misses "restricted" only by not promising runAsNonRoot.
+            (warning,) = warned[key]
+            assert "runAsNonRoot" in warning, warning
+            for other in ("allowPrivilegeEscalation", "capabilities", "seccompProfile", "volume", "privileged"):
+                assert other not in warning, warning
+        else:
+            assert warned[key] == [], f"{key} is not 'restricted': {warned[key]}"
+
+    # The figures themselves, as the apiserver stored them.
+    sandbox = pod_spec(stored[("Deployment", "safe-sandbox")])
+    defaults = b.sandbox_default_resources(2)
+    assert defaults == {"cpu": "2250m", "memory": "6400Mi"}
+    assert sandbox["containers"][0]["resources"] == {"requests": defaults, "limits": defaults}
+    vols = by_name(sandbox["volumes"])
+    assert vols["work"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1280Mi"}
+    assert vols["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "512Mi"}
+    trainer = pod_spec(stored[("Job", "safe-trainer")])
+    assert by_name(trainer["volumes"])["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}
+    assert trainer["securityContext"]["fsGroup"] == 65532
+    assert trainer["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    vllm = pod_spec(stored[("Deployment", "safe-world-model")])
+    assert by_name(vllm["volumes"])["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}
+    assert {"name": "shm", "mountPath": "/dev/shm"} in vllm["containers"][0]["volumeMounts"]
+    assert "runAsNonRoot" not in json.dumps(vllm)
+
+    # The controllers' Pods were admitted (the namespace enforces "baseline") and carry it all.
+    for obj in workloads:
+        component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        pods = wait_for(lambda: kube.items("pods", f"wmrl.dev/run=safe,app.kubernetes.io/component={component}"),
+                        timeout=60, what=f"{component} pods")
+        for pod in pods:
+            assert_pod_carries(obj, pod)
+    for pod in kube.items("pods", "wmrl.dev/run=safe"):
+        for v in pod["spec"].get("volumes", []):
+            if (v.get("emptyDir") or {}).get("medium") == "Memory":
+                assert v["emptyDir"].get("sizeLimit"), (pod["metadata"]["name"], v)
+
+
+def test_explicit_sandbox_resources_win_and_stay_valid(psa_namespace):
+    """Only a memory limit in the spec: memory is the user's (the apiserver defaults its request to
+    the limit on the Pod), cpu gets the default, and the Pod is admitted."""
+    kube = psa_namespace
+    run, spec = make_run(kube, "explicit", mode="real", sandbox={"resources": {"limits": {"memory": "1Gi"}}})
+    for obj in b.children(run, spec):
+        if obj["kind"] != "Job":  # the sandbox pool is what this is about
+            server_side_apply(kube, obj)
+    pods = wait_for(lambda: kube.items("pods", "wmrl.dev/run=explicit,app.kubernetes.io/component=sandbox"),
+                    timeout=60, what="sandbox pod")
+    resources = pods[0]["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {"cpu": "1250m", "memory": "1Gi"}
+    assert resources["requests"] == {"cpu": "1250m", "memory": "1Gi"}
