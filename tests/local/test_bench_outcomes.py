@@ -56,9 +56,9 @@ def test_step_cost_charges_the_judge_only_for_world_model_grading():
 def test_a_multi_turn_step_pays_its_turns_one_after_another():
     record = {**_record("real", rows=4), "turns": {"executions_per_turn": [4, 2, 1]}}
     cost = step_cost(record, [1.0, 1.0, 1.0, 1.0, 3.0, 1.0, 2.0], slots=4, judge_cost=0.0)
-    assert cost.executions == pytest.approx(1.0 + 3.0 + 2.0)  # together, every execution would end by 3.0
+    assert cost.executions == pytest.approx(1.0 + 3.0 + 2.0)
     single = step_cost(_record("real", rows=7), [1.0, 1.0, 1.0, 1.0, 3.0, 1.0, 2.0], slots=4, judge_cost=0.0)
-    assert single.executions == pytest.approx(3.0)
+    assert single.executions == pytest.approx(4.0)  # all at once: the 3 s one starts at 1 s
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +114,10 @@ def test_misses_run_once_on_a_real_sandbox_then_hit(tmp_path, tasks):
     # A new dispatcher without sandboxes answers from the table alone, and says what it lacks.
     offline = TableDispatcher(OutcomeTable(table.path))
     assert offline.run_task(iris, good).result(timeout=1) == outcomes[0] and offline.hits == 1
+    missing = offline.run_task(iris, _script("load", "svc"))  # fails as a future, like a failed execution
     with pytest.raises(KeyError, match="no sandboxes"):
-        offline.run_task(iris, _script("load", "svc"))
+        missing.result(timeout=1)
+    assert offline.take_durations() == [durations[0], 0.0]  # one entry per request, the failed one free
 
 
 def test_concurrent_writers_keep_every_line_whole(tmp_path, tasks):

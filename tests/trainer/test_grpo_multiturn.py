@@ -28,11 +28,19 @@ class TopOnceSeen(ScriptedWorldModel):
         return out
 
 
+def ending_policy():
+    """The random tiny policy with every token a stop token: each turn is one complete token, never cut off
+    at maxNewTokens (a cut-off turn ends its trajectory), whatever the sampler draws on this machine."""
+    model, tokenizer = tiny_policy()
+    model.generation_config.eos_token_id = list(range(len(tokenizer)))
+    return model, tokenizer
+
+
 def multi_turn_trainer(tmp_path, mode="wmrl", max_turns=3, world_model=None, **algorithm):
     algorithm.setdefault("maxTrajectoryTokens", 2000)  # the tiny test tokenizer spells observations out
     config = run_config(tmp_path, mode, steps=1, maxTurns=max_turns, **algorithm)
-    return build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=world_model or TopOnceSeen(),
-                         dispatcher=ScriptedExecutor())
+    return build_trainer(config, policy=ending_policy(), tasks=make_tasks(2),
+                         world_model=world_model or TopOnceSeen(), dispatcher=ScriptedExecutor())
 
 
 def test_observation_tokens_are_masked_and_rewards_are_the_best_turns(tmp_path):
@@ -103,8 +111,60 @@ def test_anchor_trajectories_are_executed_every_turn_and_the_others_never(tmp_pa
 
 def test_a_trajectory_ends_at_its_token_budget(tmp_path):
     trainer = multi_turn_trainer(tmp_path, mode="worldModel", max_turns=4, maxTrajectoryTokens=10,
-                                 world_model=ScriptedWorldModel())
+                                 world_model=TopOnceSeen())
     (out, scored), = train_capturing_batches(trainer)
     assert int(out["completion_mask"].sum(dim=1).max()) <= 10
     stops = scored.record.turns["stops"]
-    assert stops["budget"] > 0 and stops["turns"] == 0
+    assert stops["budget"] == 8 and stops["turns"] == 0  # no observation fits in 10 tokens after a turn
+
+
+def test_a_turn_cut_off_at_max_new_tokens_ends_its_trajectory(tmp_path):
+    """The random policy with its single EOS rarely stops within 2 tokens: such a turn is graded as it is,
+    never revised, and the trajectory's last token is not a stop token (TRL's truncation masking sees it)."""
+    config = run_config(tmp_path, "worldModel", steps=1, maxTurns=3, maxTrajectoryTokens=2000,
+                        sampling={"maxNewTokens": 2})
+    trainer = build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=TopOnceSeen(),
+                            dispatcher=None)
+    (out, scored), = train_capturing_batches(trainer)
+    batch = scored.trajectories
+    cut = [k for k in batch.keys() if batch.get(k).stop == "truncated"]
+    assert cut and all(len(batch.get(k).turns) == 1 for k in cut)
+    rows = [row for row, k in enumerate(batch.keys()) if k in cut]
+    assert (out["tool_mask"][rows] == 1).all()  # nothing was appended after the cut turn
+
+
+QWEN3_LIKE = (  # like Qwen3's: the last assistant turn after the last user turn gets an empty think block
+    "{%- set ns = namespace(last=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and loop.index0 > ns.last %}<think>\n\n</think>\n\n{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template", [CHATML, QWEN3_LIKE], ids=["chatml", "qwen3-like"])
+def test_an_observation_is_a_user_turn_right_after_the_policys_eos(template):
+    """Generation stops at <|im_end|> (the EOS); the observation must continue exactly as the template
+    renders the conversation from there: newline, the user turn, the next assistant header."""
+    from wmrl_trainer.policy import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"eos_token": "<|im_end|>", "additional_special_tokens": ["<|im_start|>"]})
+    tokenizer.chat_template = template
+    ids = observation_ids(tokenizer, "status=valid")
+    expected = tokenizer("\n<|im_start|>user\nstatus=valid<|im_end|>\n<|im_start|>assistant\n",
+                         add_special_tokens=False)["input_ids"]
+    assert ids == expected
+
+
+def test_a_template_that_cannot_place_an_observation_is_refused():
+    from wmrl_trainer.policy import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = ("{%- for m in messages -%}{{ m['role'] }}: {{ m['content'] }}"
+                               "{%- if loop.last %} (last){% endif %}\n{%- endfor -%}")
+    with pytest.raises(ValueError, match="maxTurns: 1"):
+        observation_ids(tokenizer, "status=valid")

@@ -65,14 +65,15 @@ def test_metrics_are_served_on_their_port():
     assert "wmrl_trainer_executions_total 16.0" in text
 
 
-TURNS = {"mean_turns": 2.5, "stops": {"top": 3, "turns": 4, "budget": 1, "ungraded": 2}, "mean_best_turn": 1.75,
+TURNS = {"mean_turns": 2.5, "stops": {"top": 3, "turns": 4, "budget": 1, "truncated": 5, "ungraded": 2},
+         "mean_best_turn": 1.75,
          "repair_rate": 0.4, "repair_attempts": 10, "valid_share_by_turn": [0.25, 0.5]}
 
 
 def test_progress_and_metrics_carry_the_multi_turn_figures():
     wire = progress_of(record(1, turns=TURNS), Totals(), 10).to_wire()
     assert wire["turns"] == {"meanTurns": 2.5, "meanBestTurn": 1.75, "repairRate": 0.4, "stoppedAtTop": 3,
-                             "stoppedAtBudget": 1, "ungraded": 2, "validByTurn": [0.25, 0.5]}
+                             "stoppedAtBudget": 1, "truncated": 5, "ungraded": 2, "validByTurn": [0.25, 0.5]}
     assert "turns" not in progress_of(record(1), Totals(), 10).to_wire()  # single-turn runs have none
     text = scrape(record(1, turns=TURNS))
     assert 'wmrl_trainer_turns{figure="mean_turns"} 2.5' in text

@@ -115,7 +115,7 @@ def test_reward_is_the_best_turn_and_a_top_outcome_ends_the_trajectory():
     np.testing.assert_allclose(wm[1], 0.5 + 0.5 * 0.9)
     np.testing.assert_allclose(scored.rewards, wm)
     summary = batch.summary()
-    assert summary["stops"] == {"top": 4, "turns": 4, "budget": 0, "ungraded": 0}
+    assert summary["stops"] == {"top": 4, "turns": 4, "budget": 0, "truncated": 0, "ungraded": 0}
     assert summary["mean_turns"] == pytest.approx(2.5)
     assert summary["status_by_turn"][1] == {"malformed": 0, "syntax_err": 0, "runtime_err": 4, "ran_no_sub": 0,
                                             "valid": 4}

@@ -76,7 +76,7 @@ def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: A
 
 
 def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: Any, dispatcher: Any,
-                               max_turns: int, samples: int, seed: int) -> dict[str, Any]:
+                               max_turns: int, samples: int, seed: int, max_tokens: Optional[int] = None) -> dict[str, Any]:
     """Mean best-turn real reward of ``samples`` sampled trajectories per held-out task (outcomes from the table)."""
     from wmrl.outcome import Status
     from wmrl_trainer.train import sample_trajectories
@@ -85,7 +85,8 @@ def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], 
         dispatcher.fill(items)
         return [dispatcher.table.get(task, code).outcome for task, code in items]
 
-    trajectories = sample_trajectories(model, tokenizer, held_out, sampling, samples, max_turns, grade, seed=seed)
+    trajectories = sample_trajectories(model, tokenizer, held_out, sampling, samples, max_turns, grade, seed=seed,
+                                       max_tokens=max_tokens)
     by_task = {task.name: float(np.mean([t.reward("real") for t in trajectories if t.task.name == task.name]))
                for task in held_out}
     retried = [t for t in trajectories if len(t.turns) >= 2 and t.turns[0].real.status is not Status.VALID]
@@ -141,7 +142,7 @@ def run_job(job: Job) -> dict[str, Any]:
         if spec.algorithm.max_turns > 1:
             point = held_out_trajectory_reward(model, trainer.grpo.processing_class, held_out, spec.policy.sampling,
                                                dispatcher, spec.algorithm.max_turns, EVAL_TRAJECTORIES,
-                                               seed=7919 + job.seed)
+                                               seed=7919 + job.seed, max_tokens=spec.algorithm.max_trajectory_tokens)
         else:
             point = held_out_reward(model, trainer.grpo.processing_class, held_out, spec.policy.sampling, dispatcher)
         point.update(step=totals["steps"], cost_s=totals["cost_s"], executions=totals["executions"])

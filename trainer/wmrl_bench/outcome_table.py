@@ -215,7 +215,11 @@ class TableDispatcher:
 
     def run_task(self, task: Task, code: str, run_timeout: Optional[float] = None) -> cf.Future:
         result: cf.Future = cf.Future()
-        source = self._entry(task, code)
+        try:
+            source = self._entry(task, code)
+        except Exception as exc:  # still one entry per request (0 s): a multi-turn step splits them by turn
+            source = cf.Future()
+            source.set_exception(exc)
         with self._lock:
             self._charged.append(source)
 

@@ -93,17 +93,41 @@ def default_trajectory_tokens(max_turns: int, max_new_tokens: int) -> int:
     return max_turns * max_new_tokens + (max_turns - 1) * OBSERVATION_TOKENS
 
 
-def observation_ids(tokenizer: Any, text: str) -> list[int]:
-    """The tokens of an observation: a user message of the chat template when the policy has one
-    (the template's own rendering of it after an assistant turn), else the plain text."""
-    if getattr(tokenizer, "chat_template", None):
-        before = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "script"}]
-        head = tokenizer.apply_chat_template(before, tokenize=False)
-        full = tokenizer.apply_chat_template(before + [{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-        if full.startswith(head):
-            text = full[len(head):]
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+def observation_ids(tokenizer: Any, text: str, chat_template: Optional[str] = None,
+                    chat_template_kwargs: Optional[dict] = None) -> list[int]:
+    """The tokens of an observation: for a policy with a chat template, a user message and the
+    next assistant header, exactly as the template renders them after an assistant turn that
+    ended in EOS (what generation produced); else the plain text.
+
+    The suffix starts right after the assistant turn's EOS: found as TRL finds a tool result's
+    (the prefix conversation cut at its last EOS), or, for templates that render an earlier
+    assistant turn differently from the last one (Qwen3 drops the empty think block once a
+    user turn follows), as the EOS before the observation's own turn. A template whose turns
+    do not end in EOS must at least render the conversation so far as a prefix of the longer one.
+    """
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    kwargs = {"chat_template": chat_template, **(chat_template_kwargs or {})}
+    before = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "script"}]
+    after = before + [{"role": "user", "content": text}]
+    prefix = list(tokenizer.apply_chat_template(before, tokenize=True, return_dict=False, **kwargs))
+    full = list(tokenizer.apply_chat_template(after, tokenize=True, add_generation_prompt=True, return_dict=False,
+                                              **kwargs))
+    eos = tokenizer.eos_token_id
+    ends = [i for i, t in enumerate(prefix) if t == eos]
+    full_ends = [i for i, t in enumerate(full) if t == eos]
+    if ends and full[:ends[-1] + 1] == prefix[:ends[-1] + 1]:
+        return full[ends[-1] + 1:]
+    if len(full_ends) >= 3:  # user, assistant and observation turns each end in EOS
+        return full[full_ends[-2] + 1:]
+    head = tokenizer.apply_chat_template(before, tokenize=False, **kwargs)
+    whole = tokenizer.apply_chat_template(after, tokenize=False, add_generation_prompt=True, **kwargs)
+    if not ends and whole.startswith(head):
+        return list(tokenizer(whole[len(head):], add_special_tokens=False)["input_ids"])
+    raise ValueError("the policy's chat template renders an assistant turn differently once a user turn follows, "
+                     "and its turns do not end in EOS: an observation cannot be placed after a turn "
+                     "(use spec.algorithm.maxTurns: 1 with this policy)")
 
 
 class WMRLGRPOTrainer(GRPOTrainer):
@@ -222,13 +246,15 @@ class WMRLGRPOTrainer(GRPOTrainer):
             generation += time.perf_counter() - started
             if new_logprobs is not None and logprobs is None:
                 logprobs = [[0.0] * len(c) for c in completion]
-            cut, written = set(), []
+            cut, truncated, written = set(), set(), []
             for j, r in enumerate(active):
                 ids = list(new_ids[j])
                 room = self.max_trajectory_tokens - len(completion[r])
                 if len(ids) >= room:  # the budget ends the trajectory after this (cut) turn
                     ids = ids[:room]
                     cut.add(r)
+                elif not ids or ids[-1] not in self.eos_token_ids:
+                    truncated.add(r)  # ran into maxNewTokens: no complete script to revise
                 written.append(ids)
                 completion[r] += ids
                 env_mask[r] += [1] * len(ids)
@@ -243,10 +269,14 @@ class WMRLGRPOTrainer(GRPOTrainer):
                 if r in cut:
                     trajectory.end("budget")
                     continue
+                if r in truncated:  # as in single turns: TRL masks it when maskTruncatedCompletions is set
+                    trajectory.end("truncated")
+                    continue
                 if turn == self.max_turns - 1:
                     trajectory.end("turns")
                     continue
-                observation = observation_ids(self.processing_class, trajectory.turns[-1].observation)
+                observation = observation_ids(self.processing_class, trajectory.turns[-1].observation,
+                                              self.chat_template, self.chat_template_kwargs)
                 if len(completion[r]) + len(observation) >= self.max_trajectory_tokens:
                     trajectory.end("budget")
                     continue

@@ -229,11 +229,11 @@ class HeldOutEvaluator:
     """Mean real reward of sampled solutions on held-out tasks (see the module docstring)."""
 
     def __init__(self, tasks: Sequence[Any], dispatcher: Any, samples_per_task: int, seed: int,
-                 cache: Optional[dict] = None, max_turns: int = 1):
+                 cache: Optional[dict] = None, max_turns: int = 1, max_tokens: Optional[int] = None):
         self.tasks, self.dispatcher = list(tasks), dispatcher
         self.samples, self.seed = samples_per_task, seed
         self.cache: dict[tuple[str, str], Optional[float]] = cache if cache is not None else {}
-        self.max_turns = max_turns
+        self.max_turns, self.max_tokens = max_turns, max_tokens
         self.outcomes: dict[tuple[str, str], Any] = {}  # multi-turn: the real outcome (its feedback is shown)
 
     def sample(self, model: Any, tokenizer: Any, sampling: Any) -> list[tuple[Any, str]]:
@@ -265,7 +265,7 @@ class HeldOutEvaluator:
         started = time.perf_counter()
         executed_before = len(self.outcomes)
         trajectories = sample_trajectories(model, tokenizer, self.tasks, sampling, self.samples, self.max_turns,
-                                           self.grade, seed=self.seed)
+                                           self.grade, seed=self.seed, max_tokens=self.max_tokens)
         rewards = [t.reward("real") for t in trajectories]
         firsts = [t.turns[0].real.reward for t in trajectories if t.turns and t.turns[0].real is not None]
         graded = [r for r in rewards if not math.isnan(r)]
@@ -453,7 +453,8 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
     steps = spec.algorithm.steps
     when = eval_steps(steps, options.eval_every)
     evaluator = HeldOutEvaluator(held_out, dispatcher, options.eval_samples, seed=spec.algorithm.seed + 7919,
-                                 cache=options.eval_cache, max_turns=spec.algorithm.max_turns)
+                                 cache=options.eval_cache, max_turns=spec.algorithm.max_turns,
+                                 max_tokens=spec.algorithm.max_trajectory_tokens)
     bar = None
     trainer = None
 

@@ -52,7 +52,8 @@ def _turn_progress(turns: Optional[dict]) -> Optional[TurnProgress]:
     stops = turns.get("stops") or {}
     return TurnProgress(mean_turns=turns.get("mean_turns"), mean_best_turn=turns.get("mean_best_turn"),
                         repair_rate=turns.get("repair_rate"), stopped_at_top=stops.get("top", 0),
-                        stopped_at_budget=stops.get("budget", 0), ungraded=stops.get("ungraded", 0),
+                        stopped_at_budget=stops.get("budget", 0), truncated=stops.get("truncated", 0),
+                        ungraded=stops.get("ungraded", 0),
                         valid_by_turn=list(turns.get("valid_share_by_turn") or []))
 
 

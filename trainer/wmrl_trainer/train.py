@@ -247,8 +247,16 @@ def prompt_ids(task: Task, tokenizer: Any) -> list[int]:
     return list(tokenizer(prompt)["input_ids"])
 
 
+def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    eos = [tokenizer.eos_token_id] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    return {int(e) for e in eos if e is not None}
+
+
 def _generate_batch(model: Any, tokenizer: Any, inputs: list[list[int]], sampling: Any) -> list[list[int]]:
-    """One sampled continuation per input (left-padded batch, as TRL's transformers path generates)."""
+    """One sampled continuation per input (left-padded batch, as TRL's transformers path generates),
+    up to and including its first stop token, as TRL keeps completions (the padding after it dropped;
+    a pad token that is also the EOS is kept where it ends the turn)."""
     import torch
 
     width = max(len(ids) for ids in inputs)
@@ -260,20 +268,26 @@ def _generate_batch(model: Any, tokenizer: Any, inputs: list[list[int]], samplin
     out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
                          temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens,
                          pad_token_id=tokenizer.pad_token_id)
-    pad = tokenizer.pad_token_id
-    return [[t for t in row.tolist() if t != pad] for row in out[:, width:]]
+    stops = _stop_ids(model, tokenizer)
+    rows = []
+    for row in out[:, width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in stops), None)
+        rows.append(row[:end] if end is not None else row)
+    return rows
 
 
 def sample_trajectories(model: Any, tokenizer: Any, tasks: Sequence[Task], sampling: Any, samples_per_task: int,
                         max_turns: int, grade: Callable[[list[tuple[Task, str]]], list[Any]],
-                        seed: Optional[int] = None) -> list[Any]:
+                        seed: Optional[int] = None, max_tokens: Optional[int] = None) -> list[Any]:
     """Multi-turn counterpart of :func:`sample_solutions`: ``samples_per_task`` trajectories per task,
     each turn graded by ``grade`` (real outcomes, or None when ungraded) and shown to the next.
 
-    Returns :class:`wmrl_trainer.turns.Trajectory` objects (graded as anchors: what they saw is
+    The same stop rules as training: the top outcome, a turn cut off at ``maxNewTokens``, the
+    token budget ``max_tokens`` (default as in training), ``max_turns``. Returns
+    :class:`wmrl_trainer.turns.Trajectory` objects (graded as anchors: what they saw is
     ``grade``'s). Same RNG and train/eval-mode hygiene as :func:`sample_solutions`.
     """
-    from wmrl_trainer.grpo import completion_text, observation_ids
+    from wmrl_trainer.grpo import completion_text, default_trajectory_tokens, observation_ids
     from wmrl_trainer.loop import extract_code
     from wmrl_trainer.turns import Trajectory
 
@@ -281,12 +295,15 @@ def sample_trajectories(model: Any, tokenizer: Any, tasks: Sequence[Task], sampl
     prompts = {task.name: prompt_ids(task, tokenizer) for task in tasks}
     trajectories = [Trajectory(task, anchor=True) for task in rows]
     history: list[list[int]] = [[] for _ in rows]
+    budget = max_tokens or default_trajectory_tokens(max_turns, sampling.max_new_tokens)
+    stops = _stop_ids(model, tokenizer)
     with sampling_mode(model, seed):
         for turn in range(max_turns):
             active = [r for r, t in enumerate(trajectories) if not t.done]
             if not active:
                 break
             new = _generate_batch(model, tokenizer, [prompts[rows[r].name] + history[r] for r in active], sampling)
+            new = [ids[:max(0, budget - len(history[r]))] for ids, r in zip(new, active)]
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             codes = [extract_code(completion_text(t)) for t in texts]
             outcomes = grade([(rows[r], code) for r, code in zip(active, codes)])
@@ -295,10 +312,19 @@ def sample_trajectories(model: Any, tokenizer: Any, tasks: Sequence[Task], sampl
                 trajectory.add_turn(codes[j], world_model=None, real=outcomes[j], anchor=True)
                 if trajectory.done:
                     continue
-                if turn == max_turns - 1:
+                history[r] += new[j]
+                if len(history[r]) >= budget:  # in the order the training rollout applies them
+                    trajectory.end("budget")
+                elif not new[j] or new[j][-1] not in stops:
+                    trajectory.end("truncated")
+                elif turn == max_turns - 1:
                     trajectory.end("turns")
                 else:
-                    history[r] += new[j] + observation_ids(tokenizer, trajectory.turns[-1].observation)
+                    observation = observation_ids(tokenizer, trajectory.turns[-1].observation)
+                    if len(history[r]) + len(observation) >= budget:
+                        trajectory.end("budget")
+                    else:
+                        history[r] += observation
     return trajectories
 
 

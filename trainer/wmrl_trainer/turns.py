@@ -4,7 +4,8 @@ A trajectory is up to ``maxTurns`` scripts for one task. After each turn its scr
 graded -- by the sandbox on anchor trajectories (in mode real, every one), by the world
 model otherwise -- and the grade the trajectory *sees* becomes the next observation
 (:func:`wmrl_trainer.observation.observation_text`). It ends early at the top outcome
-(:func:`wmrl.outcome.is_top`), at its token budget, or as soon as a turn cannot be graded:
+(:func:`wmrl.outcome.is_top`), at its token budget, after a turn cut off at the policy's
+``maxNewTokens`` (graded as it is, never revised), or as soon as a turn cannot be graded:
 an execution that failed on the sandbox side, or a world-model answer with no usable
 outcome or no feedback to show. Such a trajectory is *ungraded* (left out of the loss), never
 scored zero.
@@ -28,7 +29,7 @@ from wmrl.tasks import Task
 from wmrl_trainer.loop import StepRecord
 from wmrl_trainer.observation import observation_text
 
-STOP_REASONS = ("top", "turns", "budget", "ungraded")
+STOP_REASONS = ("top", "turns", "budget", "truncated", "ungraded")
 
 
 @dataclass

@@ -334,6 +334,7 @@ class TurnProgress(_Model):
         "they were shown) and that had a second turn, the share whose second script did.")
     stopped_at_top: int = Field(0, description="Trajectories that ended at the top outcome.")
     stopped_at_budget: int = Field(0, description="Trajectories that ended at spec.algorithm.maxTrajectoryTokens.")
+    truncated: int = Field(0, description="Trajectories ended by a turn cut off at spec.policy.sampling.maxNewTokens.")
     ungraded: int = Field(0, description="Trajectories ended by a turn that could not be graded.")
     valid_by_turn: list[Optional[float]] = Field(
         default_factory=list, description="Per turn (first first): the share of the trajectories that reached it whose "
