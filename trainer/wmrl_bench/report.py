@@ -136,7 +136,9 @@ def _arms_table(summary: dict[str, Any]) -> str:
 def markdown_v2(results: dict[str, Any]) -> str:
     lines = [f"Budget {results['budget_s']:.1f} s of modelled compute per arm (the real arm's mean cost at "
              f"{results['real_steps']} steps; {results['slots']} sandbox slots, judge cost x{results['judge_cost']:g}). "
-             f"Headline level (pre-registered): optimism {results['headline_optimism']:g}.\n"]
+             f"Headline level (pre-registered): optimism {results['headline_optimism']:g}."
+             + (f" {results['max_turns']}-turn trajectories; held-out reward: {results['held_out_evaluation']}."
+                if results.get("max_turns", 1) > 1 else "") + "\n"]
     for level, summary in results["levels"].items():
         lines.append(level_markdown(level, summary))
     return "\n".join(lines)
@@ -209,6 +211,8 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     if levels:
         _plot_levels(axes[2], levels)
     title = "WMRL vs real-execution GRPO: held-out reward"
+    if results.get("max_turns", 1) > 1:
+        title += f", {results['max_turns']}-turn trajectories (best turn)"
     if results.get("version") == 2:
         title += f" at equal compute (judge optimism {results['headline_optimism']:g})"
     if results.get("speedup") is not None:
