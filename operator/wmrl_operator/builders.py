@@ -447,8 +447,27 @@ def sandbox_service(run: Run) -> dict[str, Any]:
     return _service(_meta(run, sandbox_name(run), "sandbox"), labels(run, "sandbox"), SANDBOX_PORT, "http", headless=True)
 
 
-def sandbox_network_policy(run: Run) -> dict[str, Any]:
-    """Ingress only from this run's trainer pods on the sandbox port; no egress at all."""
+def sandbox_api_name(run: Run) -> str:
+    return f"{sandbox_name(run)}-api"
+
+
+def sandbox_api_service(run: Run) -> dict[str, Any]:
+    """``spec.sandbox.clientAccess``: a ClusterIP Service, so that clients other than the trainers
+    (which pick Pods themselves through the headless Service) are load-balanced across the pool."""
+    return _service(_meta(run, sandbox_api_name(run), "sandbox"), labels(run, "sandbox"), SANDBOX_PORT, "http",
+                    headless=False)
+
+
+def sandbox_network_policy(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
+    """Ingress only from this run's trainer pods on the sandbox port (and, with
+    ``spec.sandbox.clientAccess``, from the Pods it selects); no egress at all."""
+    peers: list[dict[str, Any]] = [{"podSelector": {"matchLabels": labels(run, "trainer")}}]
+    access = spec.sandbox.client_access
+    if access.enabled:
+        peer: dict[str, Any] = {"podSelector": {"matchLabels": dict(access.pod_selector)}}
+        if access.namespace_selector is not None:
+            peer["namespaceSelector"] = {"matchLabels": dict(access.namespace_selector)}
+        peers.append(peer)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -456,8 +475,7 @@ def sandbox_network_policy(run: Run) -> dict[str, Any]:
         "spec": {
             "podSelector": {"matchLabels": labels(run, "sandbox")},
             "policyTypes": ["Ingress", "Egress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": labels(run, "trainer")}}],
-                         "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
             "egress": [],
         },
     }
@@ -570,7 +588,10 @@ def children(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> list[dic
     objs += trainer_rbac(run)
     if needs_calibration(spec):
         objs += calibration_objects(run, spec, opts)
-    objs += [sandbox_network_policy(run), sandbox_service(run), sandbox_deployment(run, spec, opts)]
+    objs += [sandbox_network_policy(run, spec), sandbox_service(run)]
+    if spec.sandbox.client_access.enabled:
+        objs.append(sandbox_api_service(run))
+    objs.append(sandbox_deployment(run, spec, opts))
     if serves_world_model(spec):
         objs += [world_model_service(run), world_model_deployment(run, spec, opts)]
     if spec.trainer.nodes > 1:

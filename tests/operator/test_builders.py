@@ -160,12 +160,30 @@ def test_sandbox_replicas_clamped_and_zero_when_suspended():
 
 
 def test_network_policy_ingress_only_from_this_runs_trainer_and_no_egress():
-    np = b.sandbox_network_policy(RUN)["spec"]
+    np = b.sandbox_network_policy(RUN, spec())["spec"]
     assert np["policyTypes"] == ["Ingress", "Egress"] and np["egress"] == []
     (rule,) = np["ingress"]
     assert rule["from"] == [{"podSelector": {"matchLabels": b.labels(RUN, "trainer")}}]
     assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
     assert np["podSelector"]["matchLabels"]["wmrl.dev/run"] == "demo"
+
+
+def test_client_access_adds_a_cluster_ip_service_and_lets_only_the_selected_pods_in():
+    assert not any(o["metadata"]["name"] == "demo-sandbox-api" for o in b.children(RUN, spec()))
+    sp = spec(sandbox={"clientAccess": {"enabled": True, "podSelector": {"app": "verl-reward"},
+                                        "namespaceSelector": {"team": "rl"}}})
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in b.children(RUN, sp)}
+    api = objs[("Service", "demo-sandbox-api")]
+    assert "clusterIP" not in api["spec"]  # ClusterIP: kube-proxy balances across the pool's ready Pods
+    assert api["spec"]["selector"] == b.labels(RUN, "sandbox") and api["spec"]["ports"][0]["port"] == 8080
+    assert api["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    (rule,) = objs[("NetworkPolicy", "demo-sandbox")]["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": b.labels(RUN, "trainer")}},
+                            {"podSelector": {"matchLabels": {"app": "verl-reward"}},
+                             "namespaceSelector": {"matchLabels": {"team": "rl"}}}]
+    same_namespace = spec(sandbox={"clientAccess": {"enabled": True}})
+    (rule,) = b.sandbox_network_policy(RUN, same_namespace)["spec"]["ingress"]
+    assert rule["from"][1] == {"podSelector": {"matchLabels": {}}}  # every Pod of the run's namespace
 
 
 @pytest.mark.parametrize("mode,world_model,calibration", [("wmrl", True, True), ("worldModel", True, False), ("real", False, False)])

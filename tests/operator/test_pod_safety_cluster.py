@@ -157,3 +157,23 @@ def test_explicit_sandbox_resources_win_and_stay_valid(psa_namespace):
     resources = pods[0]["spec"]["containers"][0]["resources"]
     assert resources["limits"] == {"cpu": "1250m", "memory": "1Gi"}
     assert resources["requests"] == {"cpu": "1250m", "memory": "1Gi"}
+
+
+def test_client_access_service_is_a_cluster_ip_with_the_pool_behind_it(psa_namespace):
+    """spec.sandbox.clientAccess on the real apiserver: the CRD keeps the field, the Service gets a
+    cluster IP, and its EndpointSlice lists the pool's Pods (kwok reports them ready)."""
+    kube = psa_namespace
+    run, spec = make_run(kube, "clients", mode="real",
+                         sandbox={"clientAccess": {"enabled": True, "podSelector": {"app": "verl-reward"}}})
+    assert spec.sandbox.client_access.enabled and spec.sandbox.client_access.pod_selector == {"app": "verl-reward"}
+    stored = {}
+    for obj in b.children(run, spec):
+        if obj["kind"] != "Job":
+            stored[(obj["kind"], obj["metadata"]["name"])] = server_side_apply(kube, obj)[0]
+    api = stored[("Service", "clients-sandbox-api")]
+    assert api["spec"]["type"] == "ClusterIP" and api["spec"]["clusterIP"] not in ("", "None")
+    ingress = stored[("NetworkPolicy", "clients-sandbox")]["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": {"app": "verl-reward"}}} in ingress
+    slices = wait_for(lambda: [s for s in kube.items("endpointslices", "kubernetes.io/service-name=clients-sandbox-api")
+                               if s.get("endpoints")], timeout=90, what="endpoints of the API service")
+    assert slices[0]["ports"][0]["port"] == 8080

@@ -248,6 +248,19 @@ class TrainerSpec(_Model):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
 
 
+class SandboxClientAccess(_Model):
+    """A ClusterIP Service in front of the sandbox pool for clients other than the run's trainers
+    (SandboxFusion's client, verl's reward workers), load-balanced across the pool's Pods."""
+
+    enabled: bool = Field(False, description="Create the Service <run>-sandbox-api (ClusterIP, port 8080) and let "
+                          "the selected Pods through the pool's NetworkPolicy.")
+    pod_selector: dict[str, str] = Field(
+        default_factory=dict, description="matchLabels of the client Pods let in; empty: every Pod of the selected "
+        "namespaces.")
+    namespace_selector: Optional[dict[str, str]] = Field(
+        None, description="matchLabels of the namespaces the clients run in; empty: the run's own namespace only.")
+
+
 class SandboxSpec(_Model):
     image: str = Field("ghcr.io/wmrl/sandbox:0.1.0", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -258,6 +271,7 @@ class SandboxSpec(_Model):
     timeout_seconds: int = Field(600, ge=1, le=86400, description="Wall-clock cap per execution (paper: 600 s).")
     runtime_class_name: Optional[str] = Field(None, description="e.g. gvisor or kata for a stronger sandbox.")
     scale_down_stabilization_seconds: int = Field(120, ge=0, le=86400)
+    client_access: SandboxClientAccess = Field(default_factory=SandboxClientAccess)
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "SandboxSpec":
