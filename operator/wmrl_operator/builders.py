@@ -600,5 +600,22 @@ def children(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> list[dic
     return objs
 
 
+PRUNABLE: tuple[tuple[str, str], ...] = (("apps/v1", "Deployment"), ("v1", "Service"))
+"""Kinds of child that a spec change can make unwanted (the vLLM world model once an endpoint is given,
+the sandbox API Service once clientAccess is off, the trainer's Service below two nodes)."""
+
+
+def unwanted(run: Run, desired: list[dict[str, Any]], existing: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The objects of ``existing`` (listed by the run's label) that this run owns and no longer wants.
+
+    Only objects whose owner reference is this very run (by uid) are candidates: a shared
+    calibration (owned by no run) or another run's object with the same label is never pruned.
+    """
+    want = {(o["kind"], o["metadata"]["name"]) for o in desired}
+    return [o for o in existing
+            if (o.get("kind"), o["metadata"]["name"]) not in want
+            and any(ref.get("uid") == run.uid for ref in o["metadata"].get("ownerReferences") or [])]
+
+
 def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
     return obj["apiVersion"], obj["kind"], obj["metadata"]["name"]

@@ -136,13 +136,14 @@ class Reconciler:
             return
 
         missing = await self._missing_references(run, spec)
-        if missing:
+        job = await self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))
+        if missing and job is None:
+            # Nothing started yet: wait for the objects (they may be created after the run), create nothing.
             message = "; ".join(missing)
-            patch = st.status_patch(status, Phase.FAILED.value, st.INVALID_SPEC, message, generation, now_s)
-            await self._transition(body, status, patch, "Warning", st.INVALID_SPEC, message)
+            patch = st.status_patch(status, Phase.PENDING.value, st.WAITING_FOR_REFERENCES, message, generation, now_s)
+            await self._transition(body, status, patch, "Warning", st.WAITING_FOR_REFERENCES, message)
             return
 
-        job = await self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))
         js = st.job_state(job)
         restarts = int(status.get("restarts") or 0)
         start_time = status.get("startTime")
@@ -187,6 +188,9 @@ class Reconciler:
         phase, reason, message = st.phase_from_job(js, spec.suspend)
         if phase == Phase.PENDING.value and js.state == "absent" and status.get("phase") == Phase.PENDING.value:
             reason, message = status_reason(status, reason, message)
+        if missing:  # a trainer runs with what it mounted: never fail it over a reference, say so
+            reason = st.REFERENCE_MISSING
+            message = "; ".join(missing) + f" (the trainer keeps what it mounted; phase {phase} unchanged)"
         fields: dict[str, Any] = {"restarts": restarts}
         if start_time:
             fields["startTime"] = start_time
@@ -196,8 +200,10 @@ class Reconciler:
     async def _missing_references(self, run: builders.Run, spec: WMRLRunSpec) -> list[str]:
         """What a schema cannot check: objects the spec names must exist in the run's namespace.
 
-        A run naming a missing one gets Failed/InvalidSpec and nothing is created; it proceeds by
-        itself once the object appears (InvalidSpec is re-checked on every resync).
+        Before its trainer exists, a run naming a missing one waits in Pending/WaitingForReferences
+        and nothing is created; it proceeds by itself once the object appears (re-checked on every
+        resync). A run whose trainer already exists is never failed over one: its condition says
+        ReferenceMissing and its phase follows the trainer.
         """
         refs = []
         if spec.tasks.config_map:
@@ -227,12 +233,24 @@ class Reconciler:
         others = [o for o in objs if o["kind"] != "Job"]
         # Independent objects in parallel; the Job last, once its SA, config and Services exist.
         await asyncio.gather(*(self.kube.apply(o) for o in others))
+        await self._prune(run, objs)
         if not job_exists:
             try:
                 await self.kube.apply(job[0])
             except ApiError as exc:
                 if exc.status != 409:  # the old incarnation still terminating: the next event retries
                     raise
+
+    async def _prune(self, run: builders.Run, desired: list[dict[str, Any]]) -> None:
+        """Delete the children a spec change made unwanted (no GPU stays allocated to an old vLLM)."""
+        selector = f"{builders.RUN_LABEL}={run.name}"
+        for api_version, kind in builders.PRUNABLE:
+            existing = [{**o, "kind": kind} for o in await self.kube.list(api_version, kind, run.namespace, selector)]
+            for obj in builders.unwanted(run, desired, existing):
+                name = obj["metadata"]["name"]
+                if await self.kube.delete(api_version, kind, run.namespace, name, uid=obj["metadata"].get("uid")):
+                    log.info("pruned %s %s: no longer wanted by the spec", kind, name,
+                             extra={"namespace": run.namespace, "run": run.name})
 
     async def _finish(self, body: dict[str, Any], run: builders.Run, spec: WMRLRunSpec, status: dict[str, Any],
                       phase: str, reason: str, message: str, completion_time: str,

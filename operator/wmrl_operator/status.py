@@ -21,6 +21,8 @@ from wmrl.api.schema import Phase
 
 TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 INVALID_SPEC = "InvalidSpec"
+WAITING_FOR_REFERENCES = "WaitingForReferences"
+REFERENCE_MISSING = "ReferenceMissing"
 MAX_RESTARTS = "MaxRestartsExceeded"
 DEADLINE = "DeadlineExceeded"
 CONDITION_TYPES = ("Running", "Suspended", "Complete", "Failed")

@@ -401,3 +401,14 @@ def test_webhook_configuration_name_is_the_one_kopf_manages():
     add_arguments(parser)
     settings = operator_settings(parser.parse_args(["--webhook", "--webhook-host", "localhost"]))
     assert settings.admission.managed == WEBHOOK_CONFIGURATION
+
+
+def test_only_owned_children_the_spec_no_longer_wants_are_pruned():
+    with_api = b.children(RUN, spec(sandbox={"clientAccess": {"enabled": True}}))
+    without = b.children(RUN, spec())
+    other_run = {**with_api[0], "metadata": {**with_api[0]["metadata"], "name": "x",
+                                              "ownerReferences": [{"uid": "uid-2"}]}}
+    shared = {"kind": "Deployment", "metadata": {"name": "shared-cal", "labels": b.labels(RUN, "calibration")}}
+    pruned = b.unwanted(RUN, without, with_api + [other_run, shared])
+    assert [(o["kind"], o["metadata"]["name"]) for o in pruned] == [("Service", "demo-sandbox-api")]
+    assert b.unwanted(RUN, with_api, with_api) == []

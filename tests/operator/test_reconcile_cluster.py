@@ -172,18 +172,33 @@ def test_mutable_fields_still_change_while_active(kube, operator):
     assert sandbox_env(kube, "eta")["WMRL_SANDBOX_TIMEOUT_SECONDS"] == "123"
 
 
-def test_missing_referenced_objects_are_invalid_spec_and_nothing_is_created(kube, operator):
+def test_a_missing_reference_waits_and_nothing_is_created(kube, operator):
     kube.apply(run_manifest("theta", tasks={"configMap": "no-such-tasks"}))
-    wait_for(lambda: condition(kube, "theta", "Failed") and condition(kube, "theta", "Failed")["reason"] == "InvalidSpec",
-             what="InvalidSpec")
-    assert phase(kube, "theta") == "Failed"
-    assert "spec.tasks.configMap" in condition(kube, "theta", "Failed")["message"]
+    wait_for(lambda: condition(kube, "theta", "Running") and
+             condition(kube, "theta", "Running")["reason"] == "WaitingForReferences", what="WaitingForReferences")
+    assert phase(kube, "theta") == "Pending" and condition(kube, "theta", "Failed")["status"] == "False"
+    assert "spec.tasks.configMap" in condition(kube, "theta", "Running")["message"]
     for kind in ("job", "deployment", "configmap", "service"):
         assert kube.items(kind, "wmrl.dev/run=theta") == []
     # Creating the object lets the run proceed by itself.
     kube.run("create", "configmap", "no-such-tasks", "-n", kube.ns, "--from-literal=task.yaml=name: t")
-    wait_for(lambda: phase(kube, "theta") in ("Pending", "Running"), timeout=30, what="run proceeds")
-    assert kube.get("job", "theta-trainer") is not None
+    wait_for(lambda: kube.get("job", "theta-trainer"), timeout=30, what="run proceeds")
+    wait_for(lambda: phase(kube, "theta") == "Running", timeout=60, what="Running")
+    # Deleting it while the trainer runs never fails the run: the condition says so, the phase stays.
+    kube.run("delete", "configmap", "no-such-tasks", "-n", kube.ns)
+    wait_for(lambda: condition(kube, "theta", "Running")["reason"] == "ReferenceMissing", timeout=30,
+             what="ReferenceMissing")
+    assert phase(kube, "theta") == "Running" and condition(kube, "theta", "Failed")["status"] == "False"
+
+
+def test_children_the_spec_no_longer_wants_are_pruned(kube, operator):
+    kube.apply(run_manifest("kappa", sandbox={"clientAccess": {"enabled": True}}))
+    wait_for(lambda: kube.get("service", "kappa-sandbox-api"), what="the sandbox API service")
+    res = kube.run("patch", "wmrlrun", "kappa", "-n", kube.ns, "--type=merge", "-p",
+                   '{"spec":{"sandbox":{"clientAccess":{"enabled":false}}}}', check=False)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: kube.get("service", "kappa-sandbox-api") is None, timeout=30, what="the API service pruned")
+    assert kube.get("service", "kappa-sandbox") is not None and kube.get("deployment", "kappa-sandbox") is not None
 
 
 def test_deleting_a_run_garbage_collects_children_but_not_a_shared_calibration(kube, operator):
