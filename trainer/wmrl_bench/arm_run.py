@@ -78,8 +78,8 @@ def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: A
 def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: Any, dispatcher: Any,
                                max_turns: int, samples: int, seed: int, max_tokens: Optional[int] = None) -> dict[str, Any]:
     """Mean best-turn real reward of ``samples`` sampled trajectories per held-out task (outcomes from the table)."""
-    from wmrl.outcome import Status
     from wmrl_trainer.train import sample_trajectories
+    from wmrl_trainer.turns import repairs
 
     def grade(items: list[tuple[Any, str]]) -> list[Any]:
         dispatcher.fill(items)
@@ -89,12 +89,11 @@ def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], 
                                        max_tokens=max_tokens)
     by_task = {task.name: float(np.mean([t.reward("real") for t in trajectories if t.task.name == task.name]))
                for task in held_out}
-    retried = [t for t in trajectories if len(t.turns) >= 2 and t.turns[0].real.status is not Status.VALID]
-    repaired = [t for t in retried if t.turns[1].real.status is Status.VALID]
+    _, retried, repaired = repairs(trajectories)  # what they saw is the real outcome
     return {"reward": float(np.mean(list(by_task.values()))), "by_task": by_task,
             "first_turn_reward": float(np.mean([t.turns[0].real.reward for t in trajectories])),
             "mean_turns": float(np.mean([len(t.turns) for t in trajectories])),
-            "repair_rate": len(repaired) / len(retried) if retried else None, "samples": samples}
+            "repair_rate": repaired / retried if retried else None, "samples": samples}
 
 
 def run_job(job: Job) -> dict[str, Any]:

@@ -259,8 +259,8 @@ class HeldOutEvaluator:
         and the repair rate (of trajectories whose first script did not produce a valid
         submission, the share whose second did).
         """
-        from wmrl.outcome import Status
         from wmrl_trainer.train import sample_trajectories
+        from wmrl_trainer.turns import repairs
 
         started = time.perf_counter()
         executed_before = len(self.outcomes)
@@ -273,10 +273,7 @@ class HeldOutEvaluator:
         for task in self.tasks:
             mine = [r for t, r in zip(trajectories, rewards) if t.task.name == task.name and not math.isnan(r)]
             by_task[task.name] = sum(mine) / len(mine) if mine else None
-        failed_first = [t for t in trajectories if t.turns and t.turns[0].real is not None
-                        and t.turns[0].real.status is not Status.VALID]
-        retried = [t for t in failed_first if len(t.turns) >= 2]
-        repaired = [t for t in retried if t.turns[1].real is not None and t.turns[1].real.status is Status.VALID]
+        failed_first, retried, repaired = repairs(trajectories)  # what they saw is the real outcome
         return {
             "reward": sum(graded) / len(graded) if graded else None,
             "first_turn_reward": sum(firsts) / len(firsts) if firsts else None,
@@ -285,9 +282,9 @@ class HeldOutEvaluator:
             "graded": len(graded),
             "executed": len(self.outcomes) - executed_before,
             "mean_turns": sum(len(t.turns) for t in trajectories) / len(trajectories),
-            "first_turn_failures": len(failed_first),
-            "repair_attempts": len(retried),
-            "repair_rate": len(repaired) / len(retried) if retried else None,
+            "first_turn_failures": failed_first,
+            "repair_attempts": retried,
+            "repair_rate": repaired / retried if retried else None,
             "distinct_scripts": len({turn.code for t in trajectories for turn in t.turns}),
             "eval_seconds": time.perf_counter() - started,
         }

@@ -163,6 +163,20 @@ def _result(future: cf.Future, key: tuple[int, int]) -> Optional[Outcome]:
         return None
 
 
+def _await_executions(executions: dict[tuple[int, int], cf.Future], wait: float) -> set[tuple[int, int]]:
+    """Wait at most ``wait`` seconds for ``executions``; the keys of those still running."""
+    _, not_done = cf.wait(list(executions.values()), timeout=wait)
+    return {key for key, future in executions.items() if future in not_done}
+
+
+def _abandon(executions: dict[tuple[int, int], cf.Future], keys: set[tuple[int, int]], wait: float) -> None:
+    """Give up on the executions ``keys`` that missed the deadline (they count as failed)."""
+    for key in keys:
+        executions[key].cancel()
+    if keys:
+        log.warning("%d executions missed the %.0f s deadline", len(keys), wait)
+
+
 def _nanmean(values: np.ndarray) -> Optional[float]:
     finite = values[~np.isnan(values)]
     return float(finite.mean()) if finite.size else None
@@ -408,15 +422,9 @@ class WMRLStep:
         t0 = self.clock()
         real: dict[tuple[int, int], Optional[Outcome]] = {}
         if executions:
-            _, not_done = cf.wait(list(executions.values()), timeout=self.execution_timeout)
-            for key, future in executions.items():
-                if future in not_done:
-                    future.cancel()
-                    real[key] = None
-                else:
-                    real[key] = _result(future, key)
-            if not_done:
-                log.warning("%d executions missed the %.0f s deadline", len(not_done), self.execution_timeout)
+            running = _await_executions(executions, self.execution_timeout)
+            _abandon(executions, running, self.execution_timeout)
+            real = {key: None if key in running else _result(future, key) for key, future in executions.items()}
         record.execution += self.clock() - t0
         record.executions += len(executions)
         batch.executions_per_turn.append(len(executions))
@@ -458,24 +466,21 @@ class WMRLStep:
         failed: set[tuple[int, int]] = set()
         if not pending.executions:
             return real, outcomes, failed, []
-        _, not_done = cf.wait(list(pending.executions.values()), timeout=wait)
+        running = _await_executions(pending.executions, wait)
         keep_late = self.mode is Mode.WMRL and self.anchor_wait is not None
-        late = sorted({key[0] for key, f in pending.executions.items() if f in not_done}) if keep_late else []
+        late = sorted({key[0] for key in running}) if keep_late else []
+        if not keep_late:
+            _abandon(pending.executions, running, wait)
+            failed |= running
         for key, future in pending.executions.items():
-            if key[0] in late:
-                continue
-            if future in not_done:
-                future.cancel()
-                failed.add(key)
+            if key[0] in late or key in running:  # late groups are collected whole, once they have finished
                 continue
             outcome = _result(future, key)
             if outcome is None:
                 failed.add(key)
-                continue
-            outcomes[key] = outcome
-            real[key] = outcome.reward
-        if not_done and not keep_late:
-            log.warning("%d executions missed the %.0f s deadline", len(not_done), wait)
+            else:
+                outcomes[key] = outcome
+                real[key] = outcome.reward
         return real, outcomes, failed, late
 
     def _fold_late(self, record: StepRecord) -> list[tuple]:

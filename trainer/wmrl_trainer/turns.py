@@ -102,6 +102,16 @@ class Trajectory:
         return rewards.index(max(rewards))
 
 
+def repairs(trajectories: list[Trajectory]) -> tuple[int, int, int]:
+    """(first-turn failures, those that had a second turn, those whose second turn was valid), by the grade
+    each trajectory was shown: the repair rate is the last over the second."""
+    failed_first = [t for t in trajectories if t.turns and t.turns[0].shown is not None
+                    and t.turns[0].shown.status is not Status.VALID]
+    retried = [t for t in failed_first if len(t.turns) >= 2]
+    repaired = [t for t in retried if t.turns[1].shown is not None and t.turns[1].shown.status is Status.VALID]
+    return len(failed_first), len(retried), len(repaired)
+
+
 @dataclass
 class Trajectories:
     """One step's trajectories, ``group_size`` per task, addressed by (group, row)."""
@@ -149,9 +159,7 @@ class Trajectories:
         turns = [len(t.turns) for t in done]
         stops = {reason: sum(t.stop == reason for t in done) for reason in STOP_REASONS}
         best = [t.best_turn for t in done if t.best_turn is not None]
-        failed_first = [t for t in done if len(t.turns) >= 2 and t.turns[0].shown is not None
-                        and t.turns[0].shown.status is not Status.VALID]
-        repaired = [t for t in failed_first if t.turns[1].shown is not None and t.turns[1].shown.status is Status.VALID]
+        _, retried, repaired = repairs(done)
         status_by_turn: list[dict[str, int]] = []
         for n in range(max(turns, default=0)):
             counts = {s.value: 0 for s in Status}
@@ -163,8 +171,8 @@ class Trajectories:
             "mean_turns": float(np.mean(turns)) if turns else None,
             "stops": stops,
             "mean_best_turn": float(np.mean(best)) + 1 if best else None,
-            "repair_rate": len(repaired) / len(failed_first) if failed_first else None,
-            "repair_attempts": len(failed_first),
+            "repair_rate": repaired / retried if retried else None,
+            "repair_attempts": retried,
             "executions_per_turn": list(self.executions_per_turn),
             "status_by_turn": status_by_turn,
             "valid_share_by_turn": [c["valid"] / sum(c.values()) if sum(c.values()) else None for c in status_by_turn],
