@@ -34,7 +34,9 @@ class Command(NamedTuple):
 
 COMMANDS: tuple[Command, ...] = (
     Command(("run",), "wmrl_trainer.local", "run a WMRLRun manifest on this machine (no cluster)"),
-    Command(("train",), "wmrl_trainer.train", "the trainer Job's entry point: train from a rendered run config"),
+    Command(("launch",), "wmrl_trainer.launch",
+            "the trainer Pod's entry point: one training process per GPU, nodes meet at Pod 0"),
+    Command(("train",), "wmrl_trainer.train", "one training process: train from a rendered run config"),
     Command(("operator",), "wmrl_operator.main", "run the operator (kopf) that reconciles WMRLRuns"),
     Command(("crd",), "wmrl.api.crd", "print the WMRLRun CustomResourceDefinition YAML"),
     Command(("calibration", "serve"), "wmrl.calibration.service", "serve a shared calibration (ConfigMap or file)"),

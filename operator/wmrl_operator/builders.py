@@ -190,11 +190,12 @@ def _resources(res: Resources, gpus: int = 0, defaults: Optional[dict[str, str]]
     return out
 
 
-def _service(meta: dict[str, Any], selector: dict[str, str], port: int, port_name: str, headless: bool) -> dict[str, Any]:
+def _service(meta: dict[str, Any], selector: dict[str, str], port: int, port_name: str, headless: bool,
+             not_ready: bool = False) -> dict[str, Any]:
     spec: dict[str, Any] = {"selector": selector, "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}]}
     if headless:
         spec["clusterIP"] = "None"
-        spec["publishNotReadyAddresses"] = False
+        spec["publishNotReadyAddresses"] = not_ready
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
 
 
@@ -355,7 +356,8 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
         "name": "trainer",
         "image": t.image,
         "imagePullPolicy": t.image_pull_policy,
-        "command": ["wmrl", "train", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
+        # One process per GPU; with several nodes, node rank = JOB_COMPLETION_INDEX, rendezvous at MASTER_ADDR.
+        "command": ["wmrl", "launch", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
         "env": env,
         "ports": ports,
         "securityContext": container_sec,
@@ -392,8 +394,10 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
 
 
 def trainer_service(run: Run) -> dict[str, Any]:
-    """Headless Service giving Indexed Job pods stable DNS names (``<job>-<i>.<job>``)."""
-    return _service(_meta(run, trainer_name(run), "trainer"), labels(run, "trainer"), MASTER_PORT, "dist", headless=True)
+    """Headless Service giving Indexed Job pods stable DNS names (``<job>-<i>.<job>``). Not-ready Pods are
+    published: the nodes must find Pod 0 while they rendezvous, before anything is ready."""
+    return _service(_meta(run, trainer_name(run), "trainer"), labels(run, "trainer"), MASTER_PORT, "dist", headless=True,
+                    not_ready=True)
 
 
 # ---------------------------------------------------------------- sandbox pool

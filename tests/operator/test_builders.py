@@ -90,7 +90,7 @@ def test_trainer_job_gpus_config_mount_env_and_no_kube_retries():
     assert s["backoffLimit"] == 0 and s["activeDeadlineSeconds"] == 99 and s["suspend"] is False
     pod = s["template"]["spec"]
     c = pod["containers"][0]
-    assert c["command"] == ["wmrl", "train", "--config", "/etc/wmrl/run.yaml"]
+    assert c["command"] == ["wmrl", "launch", "--config", "/etc/wmrl/run.yaml"]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "4" == c["resources"]["limits"]["nvidia.com/gpu"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["WMRL_RUN"] == "demo" and env["WMRL_NAMESPACE"] == "ns1"
@@ -110,14 +110,17 @@ def test_cpu_trainer_requests_no_gpu_and_uses_emptydir():
 
 
 def test_multi_node_is_indexed_with_headless_service():
-    sp = spec(trainer={"nodes": 4})
+    sp = spec(trainer={"nodes": 4, "checkpoint": {"claimName": "shared"}})
     objs = by_kind_name(b.children(RUN, sp))
     job = objs[("Job", "demo-trainer")]
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
     assert job["spec"]["template"]["spec"]["subdomain"] == "demo-trainer"
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == "demo-trainer-0.demo-trainer" and env["MASTER_PORT"] == str(b.MASTER_PORT)
     svc = objs[("Service", "demo-trainer")]
     assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True  # nodes rendezvous before any Pod is ready
 
 
 def test_trainer_role_is_least_privilege():

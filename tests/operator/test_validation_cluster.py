@@ -54,6 +54,17 @@ BAD = [
     ("wait-seconds-default-turns", {"algorithm": {"anchors": {"waitSeconds": 0}}}, "spec.algorithm.anchors.waitSeconds"),
     ("presence-penalty-3", {"worldModel": {"sampling": {"presencePenalty": 3}}}, "spec.worldModel.sampling.presencePenalty"),
     ("enable-thinking-not-bool", {"worldModel": {"enableThinking": "sometimes"}}, "spec.worldModel.enableThinking"),
+    # 3 x 4 = 12 rollouts a step cannot split over 8 processes (8 GPUs, one process each).
+    ("rows-do-not-split", {"algorithm": {"groupSize": 3, "groupsPerStep": 4}, "trainer": {"gpusPerNode": 8}},
+     "spec.algorithm.groupsPerStep"),
+    # Defaults (8 x 8 rollouts, 8 GPUs) on 3 nodes: 64 over 24 processes.
+    ("rows-do-not-split-nodes", {"trainer": {"gpusPerNode": 8, "nodes": 3, "checkpoint": {"claimName": "c"}}},
+     "spec.algorithm.groupsPerStep"),
+    ("tensor-parallel-3-of-8", {"policy": {"vllmTensorParallelSize": 3}, "trainer": {"gpusPerNode": 8}},
+     "spec.policy.vllmTensorParallelSize"),
+    ("tensor-parallel-without-gpus", {"policy": {"vllmTensorParallelSize": 2}}, "spec.policy.vllmTensorParallelSize"),
+    ("nodes-without-shared-checkpoints", {"trainer": {"nodes": 2}}, "spec.trainer.checkpoint.claimName"),
+    ("unknown-strategy", {"trainer": {"strategy": "zero3"}}, "spec.trainer.strategy"),
 ]
 
 # (id, spec patch): edge cases both validators accept.
@@ -61,6 +72,10 @@ GOOD = [
     ("wait-seconds-single-turn", {"algorithm": {"maxTurns": 1, "anchors": {"waitSeconds": 0}}}),
     ("max-turns-8-with-budget", {"algorithm": {"maxTurns": 8, "maxTrajectoryTokens": 4096}}),
     ("presence-penalty-bounds", {"worldModel": {"enableThinking": False, "sampling": {"presencePenalty": -2}}}),
+    ("two-nodes-fsdp-tp", {"policy": {"vllmTensorParallelSize": 4}, "algorithm": {"groupSize": 16, "groupsPerStep": 2},
+                           "trainer": {"gpusPerNode": 8, "nodes": 2, "strategy": "fsdp",
+                                       "checkpoint": {"claimName": "shared"}}}),
+    ("cpu-trainer-any-batch", {"algorithm": {"groupSize": 3, "groupsPerStep": 1}, "trainer": {"gpusPerNode": 0}}),
 ]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = {"operator/Dockerfile": ["wmrl", "operator"], "trainer/Dockerfile": ["wmrl", "train"]}
+DOCKERFILES = {"operator/Dockerfile": ["wmrl", "operator"], "trainer/Dockerfile": ["wmrl", "launch"]}
 
 
 def _instructions(path):

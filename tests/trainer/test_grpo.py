@@ -182,8 +182,9 @@ def test_spec_settings_reach_the_step_and_trls_vllm_config(tmp_path):
         trainer.close()
     assert run_config(tmp_path).spec.algorithm.anchors.wait_seconds is None  # default: wait for every anchor
     # What GRPOConfig gets on a GPU node (GRPOConfig itself refuses CUDA settings on this CPU machine).
-    colocate = PolicySpec.model_validate({"model": "m", "vllmGpuMemoryUtilization": 0.45})
-    assert vllm_options(colocate) == {"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.45}
+    colocate = PolicySpec.model_validate({"model": "m", "vllmGpuMemoryUtilization": 0.45, "vllmTensorParallelSize": 2})
+    assert vllm_options(colocate) == {"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.45,
+                                      "vllm_tensor_parallel_size": 2}
     server = PolicySpec.model_validate({"model": "m", "vllmMode": "server", "vllmServerUrl": "http://vllm:8000"})
     assert vllm_options(server) == {"vllm_mode": "server", "vllm_server_base_url": "http://vllm:8000"}
     assert vllm_options(PolicySpec.model_validate({"model": "m", "vllmMode": "server"})) == {"vllm_mode": "server"}

@@ -20,6 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from wmrl_trainer.distributed import World
+
 COMPLETE = "COMPLETE"
 WMRL_STATE = "wmrl_state.json"
 WORLD_MODEL_STATE = "world_model.pt"
@@ -61,22 +63,38 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(root: str | Path, step: int, write: Callable[[Path], None], keep: int = 2) -> Path:
-    """Run ``write(tmp_dir)``, mark it complete and rename it to ``<root>/step-<step>``; prune old ones."""
+def write_checkpoint(root: str | Path, step: int, write: Callable[[Path], None], keep: int = 2,
+                     world: World = World()) -> Path:
+    """Run ``write(tmp_dir)``, mark it complete and rename it to ``<root>/step-<step>``; prune old ones.
+
+    With several trainer processes every rank runs ``write`` into the same directory (each
+    writes its part: transformers' per-rank RNG state, FSDP shards) and rank 0 alone prepares,
+    marks and renames it, between barriers; ``root`` must be one volume that all ranks see.
+    """
     base = Path(root)
-    base.mkdir(parents=True, exist_ok=True)
-    for stale in base.glob(".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = base / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
-    tmp.mkdir()
+    tmp = base / world.broadcast(f".tmp-{checkpoint_name(step)}-{os.getpid()}")
+    if world.is_main:
+        base.mkdir(parents=True, exist_ok=True)
+        for stale in base.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    world.barrier()
     write(tmp)
+    world.barrier()
+    final = base / checkpoint_name(step)
+    if world.is_main:
+        _complete(base, tmp, final, step, keep)
+    world.barrier()
+    return final
+
+
+def _complete(base: Path, tmp: Path, final: Path, step: int, keep: int) -> None:
     marker = tmp / COMPLETE
     with open(marker, "w") as fh:
         json.dump({"step": step}, fh)
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
-    final = base / checkpoint_name(step)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -86,15 +104,18 @@ def write_checkpoint(root: str | Path, step: int, write: Callable[[Path], None],
     for entry in base.iterdir():  # leftovers of interrupted saves that never got their marker
         if _NAME.match(entry.name) and entry.is_dir() and not (entry / COMPLETE).is_file():
             shutil.rmtree(entry, ignore_errors=True)
-    return final
 
 
-def save_trainer_state(trainer: Any, directory: Path) -> None:
-    """What ``Trainer.train(resume_from_checkpoint=directory)`` restores (transformers' own file names)."""
+def save_trainer_state(trainer: Any, directory: Path, main: bool = True) -> None:
+    """What ``Trainer.train(resume_from_checkpoint=directory)`` restores (transformers' own file names).
+
+    Called on every rank: transformers writes the model and optimizer from the ranks that
+    should (gathering FSDP shards collectively) and one RNG state file per rank."""
     trainer.save_model(str(directory))
     trainer._save_optimizer_and_scheduler(str(directory))
     trainer._save_rng_state(str(directory))
-    trainer.state.save_to_json(str(directory / "trainer_state.json"))
+    if main:
+        trainer.state.save_to_json(str(directory / "trainer_state.json"))
 
 
 def save_json(path: Path, data: dict[str, Any]) -> None:

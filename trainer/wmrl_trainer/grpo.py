@@ -46,13 +46,21 @@ turn's (:mod:`wmrl_trainer.turns`). TRL internals this adds: ``_tokenize_prompts
 returns ``(prompt_ids, images, multimodal_fields)``; ``_generate_single_turn(ids, None, {},
 num_generations=1)`` returns ``(completion_ids, logprobs or None)``.
 
-Single process only (one accelerator process): the step needs the whole generation
-batch; multi-process training would have to gather rows first.
+Several processes (``wmrl launch``, one per GPU): each generates its slice of the generation
+batch (TRL's split), rank 0 grades the whole batch once and every rank gets the same
+:class:`~wmrl_trainer.loop.Scored` (:mod:`wmrl_trainer.distributed`), so advantages are
+identical everywhere and each rank keeps its own rows. Multi-turn rollouts exchange each
+turn's scripts and observations the same way; every rank runs the same number of turns
+(a rank with no open trajectory generates one throw-away row), since generation under FSDP
+is collective.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -61,6 +69,7 @@ from trl import GRPOTrainer
 
 from wmrl.advantages import apply_anchor_weight, grpo_advantages
 from wmrl.tasks import Task
+from wmrl_trainer.distributed import World
 from wmrl_trainer.loop import Scored, WMRLStep, extract_code
 
 
@@ -131,42 +140,52 @@ def observation_ids(tokenizer: Any, text: str, chat_template: Optional[str] = No
 
 
 class WMRLGRPOTrainer(GRPOTrainer):
-    def __init__(self, *args: Any, wmrl_step: WMRLStep, tasks: dict[str, Task], max_turns: int = 1,
-                 max_trajectory_tokens: Optional[int] = None, **kwargs: Any):
+    def __init__(self, *args: Any, wmrl_step: Optional[WMRLStep], tasks: dict[str, Task], max_turns: int = 1,
+                 max_trajectory_tokens: Optional[int] = None, world: World = World(),
+                 rollouts_dir: Optional[str] = None, **kwargs: Any):
         if max_turns < 1:
             raise ValueError(f"spec.algorithm.maxTurns must be at least 1, got {max_turns}")
         self.wmrl_step = wmrl_step
         self.wmrl_tasks = tasks
         self.max_turns = int(max_turns)
+        self.world = world
         self.last_scored: Optional[Scored] = None
         self.last_generation_seconds = 0.0
         self._batch_tasks: Optional[list[str]] = None
         self._pending: Any = None
+        self._submitted = False
+        self._local_codes: list[list[str]] = []  # per row of this rank: its script per turn
+        self.rollouts_dir = Path(rollouts_dir) if rollouts_dir else None
         if self.max_turns > 1:
             kwargs["rollout_func"] = self._multi_turn_rollout
         super().__init__(*args, reward_funcs=[self.wmrl_reward], **kwargs)
         self.max_trajectory_tokens = int(max_trajectory_tokens or default_trajectory_tokens(self.max_turns,
                                                                                           self.max_completion_length))
-        if self.accelerator.num_processes != 1:
-            raise ValueError("the WMRL trainer runs as one process (the step needs the whole generation batch)")
+        if self.accelerator.num_processes != world.size or self.accelerator.process_index != world.rank:
+            raise RuntimeError(f"accelerate sees process {self.accelerator.process_index} of "
+                               f"{self.accelerator.num_processes}, the environment rank {world.rank} of {world.size}")
 
     # ---------------------------------------------------------------- TRL hooks
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_tasks = [row["task"] for row in inputs]
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
-        self._pending, self.last_scored = None, None
+        self._pending, self._submitted, self.last_scored = None, False, None
         output = super()._generate_and_score_completions(inputs)
         scored = self.last_scored
         if scored is None:
             raise RuntimeError("the WMRL reward function was not called for this batch")
-        advantages, graded = wmrl_advantages(scored)
+        advantages, graded = wmrl_advantages(scored)  # the whole batch's, identical on every rank
+        mine = self.world.rows(len(inputs))
+        advantages, graded = advantages[mine], graded[mine]
+        if self.rollouts_dir is not None:
+            self._log_rollouts(inputs, scored, mine, advantages, graded)
         device = output["advantages"].device
         output["advantages"] = torch.tensor(advantages, dtype=output["advantages"].dtype, device=device)
         keep = torch.tensor(graded, dtype=output["completion_mask"].dtype, device=device).unsqueeze(1)
         output["completion_mask"] = output["completion_mask"] * keep
         loss_mask = output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
-        output["num_items_in_batch"] = loss_mask.sum()
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()  # over all ranks, as TRL's
         return output
 
     def _generate(self, prompts: list) -> tuple:
@@ -177,33 +196,55 @@ class WMRLGRPOTrainer(GRPOTrainer):
         if self.model.training:
             self.last_generation_seconds = time.perf_counter() - started
             texts = [completion_text(c) for c in result[3]]
-            self._pending = self.wmrl_step.submit(self.state.global_step, *self._groups(texts))
+            self._local_codes = [[extract_code(t)] for t in texts]
+            self._submit(texts, self._batch_tasks)
         return result
 
+    def _log_rollouts(self, inputs: list[dict[str, Any]], scored: Scored, mine: slice, advantages: np.ndarray,
+                      graded: np.ndarray) -> None:
+        """Append this rank's rows of the step to ``<rollouts_dir>/rank-<r>.jsonl`` (``wmrl train --rollouts``)."""
+        rewards = scored.rewards.reshape(-1)[mine]
+        anchors = set(scored.anchor_groups)
+        self.rollouts_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.rollouts_dir / f"rank-{self.world.rank}.jsonl", "a") as fh:
+            for j, row in enumerate(range(mine.start, mine.stop)):
+                fh.write(json.dumps({
+                    "step": self.state.global_step, "rank": self.world.rank, "row": row, "task": inputs[j]["task"],
+                    "codes": self._local_codes[j] if j < len(self._local_codes) else None,
+                    "reward": None if np.isnan(rewards[j]) else float(rewards[j]),
+                    "advantage": float(advantages[j]), "graded": bool(graded[j]),
+                    "anchor": row // self.num_generations in anchors, "weight": float(scored.weight)}) + "\n")
+
+    def _submit(self, texts: list[str], names: list[str]) -> None:
+        """Start grading the whole generation batch (every rank's rows) on rank 0."""
+        texts, names = self.world.gather(texts), self.world.gather(names)
+        if self.world.is_main:
+            self._pending = self.wmrl_step.submit(self.state.global_step, *self._groups(texts, names))
+        self._submitted = True
+
     def wmrl_reward(self, prompts: list, completions: list, **kwargs: Any) -> list[Optional[float]]:
-        """TRL reward function: the WMRL step's reward per row, ``None`` where ungraded."""
+        """TRL reward function: the WMRL step's reward per row of this rank, ``None`` where ungraded."""
         if isinstance(self._pending, Scored):  # multi-turn: graded turn by turn in the rollout
             scored = self._pending
         else:
-            if self._pending is None:  # called outside training (TRL eval): grade now
-                texts = [completion_text(c) for c in completions]
-                self._batch_tasks = list(kwargs["task"])
-                self._pending = self.wmrl_step.submit(self.state.global_step, *self._groups(texts))
-            scored = self.wmrl_step.score(self._pending)
+            if not self._submitted:  # called outside training (TRL eval): grade now
+                self._submit([completion_text(c) for c in completions], list(kwargs["task"]))
+            scored = self.world.broadcast(self.wmrl_step.score(self._pending) if self.world.is_main else None)
         scored.record.generation = self.last_generation_seconds
-        self.last_scored, self._pending = scored, None
-        return [None if np.isnan(r) else float(r) for r in scored.rewards.reshape(-1)]
+        self.last_scored, self._pending, self._submitted = scored, None, False
+        rewards = scored.rewards.reshape(-1)[self.world.rows(len(completions))]
+        return [None if np.isnan(r) else float(r) for r in rewards]
 
     def step_metric(self, name: str) -> Optional[float]:
         """Mean of TRL's metric ``name`` over this optimizer step (its values since TRL last logged)."""
         values = self._metrics["train"].get(name) or []
         return float(np.mean(values)) if values else None
 
-    def _group_tasks(self, rows: int) -> list[Task]:
-        """The task of each group of a generation batch of ``rows`` rows; a group's rows are consecutive
-        (TRL's RepeatSampler) and share one task."""
-        names, size = self._batch_tasks, self.num_generations
-        if names is None or len(names) != rows or rows % size:
+    def _group_tasks(self, names: list[str]) -> list[Task]:
+        """The task of each group of a generation batch whose rows have the tasks ``names``; a group's
+        rows are consecutive (TRL's RepeatSampler) and share one task."""
+        rows, size = len(names), self.num_generations
+        if rows % size:
             raise RuntimeError(f"generation batch of {rows} rows does not split into groups of {size}")
         tasks = []
         for start in range(0, rows, size):
@@ -213,36 +254,49 @@ class WMRLGRPOTrainer(GRPOTrainer):
             tasks.append(self.wmrl_tasks[names[start]])
         return tasks
 
-    def _groups(self, texts: list[str]) -> tuple[list[Task], list[list[str]]]:
-        """Rows -> (task per group, code per group row)."""
+    def _groups(self, texts: list[str], names: list[str]) -> tuple[list[Task], list[list[str]]]:
+        """Rows (text, task name) -> (task per group, code per group row)."""
         size = self.num_generations
-        tasks = self._group_tasks(len(texts))
+        if len(texts) != len(names):
+            raise RuntimeError(f"{len(texts)} completions for {len(names)} task rows")
+        tasks = self._group_tasks(names)
         return tasks, [[extract_code(t) for t in texts[start:start + size]] for start in range(0, len(texts), size)]
 
     # ---------------------------------------------------------------- multi-turn
     def _multi_turn_rollout(self, prompts: list, trainer: Any) -> dict[str, Any]:
         """TRL ``rollout_func``: up to ``max_turns`` turns per row, each graded before the next (module docstring).
 
-        Rows are the generation batch's (each prompt repeated ``num_generations`` times,
-        consecutively). Returns TRL's required fields plus ``env_mask`` (1 on the policy's
-        tokens, 0 on observations). The step's :class:`~wmrl_trainer.loop.Scored` is kept for
+        Rows are this rank's slice of the generation batch (each prompt repeated
+        ``num_generations`` times, consecutively). Rank 0 holds the batch's trajectories: each
+        turn every rank sends it its scripts, it grades them and sends back each row's state
+        (done, and the observation to show next); the rows' local ends (budget, truncation,
+        last turn) go back to it before the next turn. Returns TRL's required fields plus
+        ``env_mask`` (1 on the policy's tokens, 0 on observations). The step's
+        :class:`~wmrl_trainer.loop.Scored` (the whole batch's, on every rank) is kept for
         :meth:`wmrl_reward`.
         """
-        tasks = self._group_tasks(len(prompts))
+        world = self.world
+        names = world.gather(self._batch_tasks)
+        offset = world.rows(len(prompts)).start
+        batch = keys = None
+        if world.is_main:
+            batch = self.wmrl_step.begin_trajectories(self.state.global_step, self._group_tasks(names),
+                                                      self.num_generations)
+            keys = batch.keys()
         prompt_ids = self._tokenize_prompts(prompts)[0]
-        batch = self.wmrl_step.begin_trajectories(self.state.global_step, tasks, self.num_generations)
-        keys = batch.keys()
         completion: list[list[int]] = [[] for _ in prompts]
         env_mask: list[list[int]] = [[] for _ in prompts]
         logprobs: Optional[list[list[float]]] = None
+        done = [False] * len(prompts)
+        self._local_codes = [[] for _ in prompts]
         generation = 0.0
         for turn in range(self.max_turns):
-            active = [r for r in range(len(prompts)) if not batch.get(keys[r]).done]
-            if not active:
+            active = [r for r in range(len(prompts)) if not done[r]]
+            if not world.any(bool(active)):
                 break
+            inputs = [list(prompt_ids[r]) + completion[r] for r in active] or [list(prompt_ids[0])]
             started = time.perf_counter()
-            new_ids, new_logprobs = self._generate_single_turn([list(prompt_ids[r]) + completion[r] for r in active],
-                                                              None, {}, num_generations=1)
+            new_ids, new_logprobs = self._generate_single_turn(inputs, None, {}, num_generations=1)
             generation += time.perf_counter() - started
             if new_logprobs is not None and logprobs is None:
                 logprobs = [[0.0] * len(c) for c in completion]
@@ -260,33 +314,49 @@ class WMRLGRPOTrainer(GRPOTrainer):
                 env_mask[r] += [1] * len(ids)
                 if logprobs is not None:
                     logprobs[r] += list(new_logprobs[j][:len(ids)])
-            texts = self.processing_class.batch_decode(written, skip_special_tokens=True)
-            self.wmrl_step.grade_turn(batch, [keys[r] for r in active], [extract_code(t) for t in texts])
+            texts = self.processing_class.batch_decode(written, skip_special_tokens=True) if written else []
+            codes = [extract_code(t) for t in texts]
+            for r, code in zip(active, codes):
+                self._local_codes[r].append(code)
+            graded = world.gather([(offset + r, code) for r, code in zip(active, codes)])
+            state: dict[int, tuple[bool, str]] = {}
+            if world.is_main:
+                self.wmrl_step.grade_turn(batch, [keys[g] for g, _ in graded], [code for _, code in graded])
+                for g, _ in graded:
+                    trajectory = batch.get(keys[g])
+                    state[g] = (trajectory.done, "" if trajectory.done else trajectory.turns[-1].observation)
+            state = world.broadcast(state)
+            ends: list[tuple[int, str]] = []
             for r in active:
-                trajectory = batch.get(keys[r])
-                if trajectory.done:
+                finished, observation_text = state[offset + r]
+                if finished:
+                    done[r] = True
                     continue
-                if r in cut:
-                    trajectory.end("budget")
-                    continue
-                if r in truncated:  # as in single turns: TRL masks it when maskTruncatedCompletions is set
-                    trajectory.end("truncated")
-                    continue
-                if turn == self.max_turns - 1:
-                    trajectory.end("turns")
-                    continue
-                observation = observation_ids(self.processing_class, trajectory.turns[-1].observation,
-                                              self.chat_template, self.chat_template_kwargs)
-                if len(completion[r]) + len(observation) >= self.max_trajectory_tokens:
-                    trajectory.end("budget")
-                    continue
-                completion[r] += observation
-                env_mask[r] += [0] * len(observation)
-                if logprobs is not None:
-                    logprobs[r] += [0.0] * len(observation)
+                reason = ("budget" if r in cut else "truncated" if r in truncated  # truncated: as in single turns,
+                          else "turns" if turn == self.max_turns - 1 else None)   # TRL masks it when asked to
+                if reason is None:
+                    observation = observation_ids(self.processing_class, observation_text, self.chat_template,
+                                                  self.chat_template_kwargs)
+                    if len(completion[r]) + len(observation) >= self.max_trajectory_tokens:
+                        reason = "budget"
+                    else:
+                        completion[r] += observation
+                        env_mask[r] += [0] * len(observation)
+                        if logprobs is not None:
+                            logprobs[r] += [0.0] * len(observation)
+                if reason is not None:
+                    ends.append((offset + r, reason))
+                    done[r] = True
+            ends = world.gather(ends)
+            if world.is_main:
+                for g, reason in ends:
+                    batch.get(keys[g]).end(reason)
         self.last_generation_seconds = generation
-        scored = self.wmrl_step.finish_trajectories(batch)
-        scored.record.turns = batch.summary()
-        self._pending = scored
+        scored = None
+        if world.is_main:
+            scored = self.wmrl_step.finish_trajectories(batch)
+            scored.record.turns = batch.summary()
+        shared = world.broadcast(dataclasses.replace(scored, trajectories=None) if scored is not None else None)
+        self._pending = scored if world.is_main else shared  # the trajectories themselves stay on rank 0
         return {"prompt_ids": [list(p) for p in prompt_ids], "completion_ids": completion, "logprobs": logprobs,
                 "env_mask": env_mask}

@@ -36,6 +36,7 @@ import numpy as np
 from wmrl.api.runconfig import RunConfig, load_run_config
 from wmrl.api.schema import Mode
 from wmrl.tasks import Task
+from wmrl_trainer.distributed import World
 from wmrl_trainer.health import HealthMonitor
 
 log = logging.getLogger("wmrl.trainer")
@@ -111,22 +112,53 @@ def vllm_options(policy: Any) -> dict[str, Any]:
         options["vllm_server_base_url"] = policy.vllm_server_url
     if policy.vllm_mode == "colocate":
         options["vllm_gpu_memory_utilization"] = policy.vllm_gpu_memory_utilization
+        options["vllm_tensor_parallel_size"] = policy.vllm_tensor_parallel_size
     return options
 
 
-def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool) -> Any:
-    """The GRPOConfig of a run: one optimizer step per generation batch of ``groupSize x groupsPerStep`` rows."""
+def batch_split(group_size: int, groups_per_step: int, processes: int) -> tuple[int, int]:
+    """(rows per micro-batch, micro-batches per optimizer step) of each process, so that one optimizer
+    step consumes exactly one generation batch of ``group_size x groups_per_step`` rows split evenly
+    over ``processes`` (one process: a group per micro-batch, as before)."""
+    rows = group_size * groups_per_step
+    if rows % processes:
+        raise ValueError(f"spec.algorithm.groupsPerStep: {rows} rollouts per step do not split over {processes} processes")
+    per_process = rows // processes
+    micro = math.gcd(group_size, per_process)
+    return micro, per_process // micro
+
+
+def strategy_options(strategy: str, use_cuda: bool) -> dict[str, Any]:
+    """TrainingArguments for ``spec.trainer.strategy`` (DDP needs none: accelerate wraps the model when
+    there are several processes)."""
+    if strategy == "fsdp":
+        return {"fsdp": "full_shard auto_wrap",
+                "fsdp_config": {"version": 2, "reshard_after_forward": True, "activation_checkpointing": use_cuda,
+                                "state_dict_type": "FULL_STATE_DICT"}}
+    return {}
+
+
+def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool, processes: int = 1) -> Any:
+    """The GRPOConfig of a run: one optimizer step per generation batch of ``groupSize x groupsPerStep``
+    rows, split over ``processes`` training processes."""
     from trl import GRPOConfig
 
     spec, alg = config.spec, config.spec.algorithm
     use_vllm = use_cuda and spec.policy.rollout_engine == "vllm"
     extra = vllm_options(spec.policy) if use_vllm else {}
+    micro, accumulation = batch_split(alg.group_size, alg.groups_per_step, processes)
+    if processes > 1:
+        extra.update(strategy_options(spec.trainer.strategy, use_cuda))
+        # Rank 0 grades for everyone: the others wait in a collective for up to a whole execution.
+        extra["ddp_timeout"] = 2 * spec.sandbox.timeout_seconds + 600
+        if os.environ.get("WMRL_DDP_BACKEND"):  # default: accelerate's (nccl on GPUs, gloo on CPUs)
+            extra["ddp_backend"] = os.environ["WMRL_DDP_BACKEND"]
     return GRPOConfig(
         output_dir=output_dir,
         num_generations=alg.group_size,
         generation_batch_size=alg.group_size * alg.groups_per_step,
-        per_device_train_batch_size=alg.group_size,
-        gradient_accumulation_steps=alg.groups_per_step,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation,
         num_iterations=1,
         max_steps=alg.steps,
         learning_rate=alg.learning_rate,
@@ -143,7 +175,8 @@ def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool) -> Any:
         use_vllm=use_vllm,
         use_cpu=not use_cuda,
         bf16=use_cuda,
-        gradient_checkpointing=use_cuda,  # TRL turns it on by default; a CPU-sized model only pays the recompute
+        # TRL turns it on by default; a CPU-sized model only pays the recompute. FSDP checkpoints activations itself.
+        gradient_checkpointing=use_cuda and not extra.get("fsdp"),
         report_to="none",
         save_strategy="no",
         logging_strategy="steps",
@@ -332,8 +365,11 @@ class WMRLTrainer:
     """One run: ``train()``, ``evaluate()``, ``save_checkpoint()``; see the module docstring."""
 
     def __init__(self, config: RunConfig, grpo: Any, step: Any, *, tasks: list[Task], held_out: list[Task],
-                 reporter: Any, callbacks: Iterable[StepCallback] = (), owned: Iterable[Any] = ()):
+                 reporter: Any, callbacks: Iterable[StepCallback] = (), owned: Iterable[Any] = (),
+                 world: World = World()):
+        """``step`` is None on ranks other than 0 (only rank 0 grades; :mod:`wmrl_trainer.distributed`)."""
         self.config = config
+        self.world = world
         self.grpo = grpo
         self.step = step
         self.tasks = tasks
@@ -354,9 +390,10 @@ class WMRLTrainer:
     def train(self) -> dict[str, Any]:
         from wmrl_trainer.checkpoint import latest_checkpoint
 
-        latest = latest_checkpoint(self.checkpoint_root)
+        latest = self.world.broadcast(latest_checkpoint(self.checkpoint_root))  # rank 0's view of the shared volume
         if latest is not None:
-            self._load_wmrl_state(latest)
+            if self.world.is_main:
+                self._load_wmrl_state(latest)
             self.resumed_from = int(json.loads((latest / "COMPLETE").read_text())["step"])
             log.info("resuming from %s (step %d)", latest, self.resumed_from)
         self.grpo.train(resume_from_checkpoint=str(latest) if latest is not None else None)
@@ -366,7 +403,7 @@ class WMRLTrainer:
         scored = self.grpo.last_scored
         state = self.grpo.state
         now = time.perf_counter()
-        if scored is not None:
+        if scored is not None and self.world.is_main:  # progress comes from rank 0 only
             record = scored.record
             record.total = now - self._step_started
             record.update = max(0.0, record.total - record.generation - record.world_model - record.execution
@@ -382,7 +419,7 @@ class WMRLTrainer:
             print(json.dumps({"event": "step", **record.to_json()}, default=float), flush=True)
             for callback in self.callbacks:
                 callback(record)
-        stopping = self.stop_requested.is_set()
+        stopping = self.world.any(self.stop_requested.is_set())  # every rank stops at the same step
         if stopping or state.global_step % self.interval == 0 or state.global_step >= state.max_steps:
             self.save_checkpoint()
         if stopping:
@@ -402,10 +439,11 @@ class WMRLTrainer:
         from wmrl_trainer.checkpoint import save_trainer_state, write_checkpoint
 
         def write(directory: Path) -> None:
-            save_trainer_state(self.grpo, directory)
-            self._save_wmrl_state(directory)
+            save_trainer_state(self.grpo, directory, main=self.world.is_main)
+            if self.world.is_main:
+                self._save_wmrl_state(directory)
 
-        path = write_checkpoint(self.checkpoint_root, self.grpo.state.global_step, write)
+        path = write_checkpoint(self.checkpoint_root, self.grpo.state.global_step, write, world=self.world)
         log.info("checkpoint %s", path)
         return path
 
@@ -449,6 +487,8 @@ class WMRLTrainer:
         Generation uses the current policy with the run's sampling settings and leaves the
         training RNG streams untouched, so evaluating does not change what training does.
         """
+        if self.step is None:
+            raise RuntimeError("evaluate runs on rank 0, which holds the sandbox dispatcher")
         dispatcher = self.step.dispatcher
         if dispatcher is None:
             raise ValueError("evaluate needs a sandbox dispatcher (runtime.sandboxUrls or sandboxService)")
@@ -478,6 +518,9 @@ class WMRLTrainer:
             "run": self.config.metadata.name,
             "mode": self.config.spec.mode.value,
             "steps": self.grpo.state.global_step,
+            "processes": self.world.size,
+            "strategy": "fsdp" if getattr(self.grpo, "is_fsdp_enabled", False) else "ddp" if self.world.size > 1 else "one process",
+            "device": str(self.grpo.accelerator.device),
             "stepsThisProcess": len(records),
             "resumedFrom": self.resumed_from,
             "finished": self.finished,
@@ -487,7 +530,8 @@ class WMRLTrainer:
         }
 
     def close(self) -> None:
-        self.step.close()
+        if self.step is not None:
+            self.step.close()
         self.reporter.close()
         for thing in self._owned:
             try:
@@ -509,11 +553,13 @@ def _ensure_loadable(model: Any, tokenizer: Any, directory: Path) -> None:
 
 def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequence[Task]] = None,
                   world_model: Any = None, dispatcher: Any = None, calibration: Any = None,
-                  callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None) -> WMRLTrainer:
+                  callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None,
+                  rollouts_dir: Optional[str] = None) -> WMRLTrainer:
     """A ready :class:`WMRLTrainer`; anything not given is built from ``config`` (see the module docstring).
 
     ``policy`` is ``(model, tokenizer)``; ``tasks`` are the training tasks (held-out tasks are
-    then ``held_out``, default none). What this function builds itself it also closes.
+    then ``held_out``, default none); ``rollouts_dir`` logs every rank's rows of every step
+    there. What this function builds itself it also closes.
     """
     import torch
     from datasets import Dataset
@@ -525,33 +571,39 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics
 
     spec, alg, mode = config.spec, config.spec.algorithm, config.spec.mode
+    world = World.from_env()
     owned: list[Any] = []
     if tasks is None:
         tasks, held_out = load_training_tasks(config)
     tasks, held_out = list(tasks), list(held_out or [])
     if not tasks:
         raise ValueError("spec.tasks: no training tasks")
-    if world_model is None and mode is not Mode.REAL:
+    grading = world.is_main  # rank 0 grades the whole batch; the others get its results
+    if grading and world_model is None and mode is not Mode.REAL:
         world_model = build_world_model_from_config(config)
         owned.append(world_model)
-    if dispatcher is None and mode is not Mode.WORLD_MODEL:
+    if grading and dispatcher is None and mode is not Mode.WORLD_MODEL:
         dispatcher = build_dispatcher(config)
         owned.append(dispatcher)
-    if calibration is None and mode is Mode.WMRL:
+    if grading and calibration is None and mode is Mode.WMRL:
         calibration = build_calibration(config)
         owned.append(calibration)
     selector = None
-    if mode is Mode.WMRL:
+    if grading and mode is Mode.WMRL:
         a = alg.anchors
         selector = AnchorSelector(a.fraction, a.min_per_step, a.max_concurrent, alg.seed)
     if spec.policy.model == "builtin:tiny-coder" and alg.max_turns > 1:
         raise ValueError("spec.algorithm.maxTurns: builtin:tiny-coder writes one script and cannot read feedback; "
                          "set maxTurns: 1, or use builtin:tiny-coder-multiturn")
     model, tokenizer = policy if policy is not None else load_policy(spec.policy.model)
-    _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / "initial-policy")
+    initial = "initial-policy" if world.size == 1 else f"initial-policy-rank{world.rank}"  # no two writers
+    _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / initial)
 
-    step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
-                    selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60, anchor_wait=spec.algorithm.anchors.wait_seconds)
+    step = None
+    if grading:
+        step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
+                        selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60,
+                        anchor_wait=spec.algorithm.anchors.wait_seconds)
     by_name = {t.name: t for t in tasks}
     prompts = {t.name: make_prompt(t, tokenizer) for t in tasks}
     names = step_rows(tasks, alg.groups_per_step, alg.steps, alg.seed)
@@ -560,25 +612,29 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if spec.policy.rollout_engine == "vllm" and not use_cuda:
         log.warning("spec.policy.rolloutEngine is vllm but there is no GPU: generating with transformers")
     grpo = WMRLGRPOTrainer(
-        model=model, args=grpo_args(config, str(Path(config.runtime.checkpoint_dir) / "trl"), use_cuda),
+        model=model, args=grpo_args(config, str(Path(config.runtime.checkpoint_dir) / "trl"), use_cuda, world.size),
         train_dataset=dataset, processing_class=tokenizer, wmrl_step=step, tasks=by_name,
-        max_turns=alg.max_turns, max_trajectory_tokens=alg.max_trajectory_tokens,
+        max_turns=alg.max_turns, max_trajectory_tokens=alg.max_trajectory_tokens, world=world,
+        rollouts_dir=rollouts_dir,
     )
     from transformers.trainer_callback import PrinterCallback
 
     grpo.remove_callback(PrinterCallback)  # our own one-JSON-line-per-step log replaces it
+    if world.size > 1 and spec.trainer.strategy == "fsdp" and not grpo.is_fsdp_enabled:
+        log.warning("spec.trainer.strategy fsdp shards over GPUs only (accelerate): training with DDP on %s",
+                    grpo.accelerator.device)
 
     patcher = metrics = None
     try:  # progress reporting must never keep training from running
-        if config.runtime.patch_status:
+        if config.runtime.patch_status and world.is_main:
             patcher = StatusPatcher(config.metadata.name, config.metadata.namespace)
-        if config.runtime.metrics_port is not None:
+        if config.runtime.metrics_port is not None and world.is_main:
             metrics = TrainerMetrics(config.runtime.metrics_port)
     except Exception as exc:
         log.warning("progress reporting disabled: %s", exc)
     reporter = ProgressReporter(Totals(), alg.steps, patcher, metrics)
     return WMRLTrainer(config, grpo, step, tasks=tasks, held_out=held_out, reporter=reporter,
-                       callbacks=callbacks, owned=owned)
+                       callbacks=callbacks, owned=owned, world=world)
 
 
 # ---------------------------------------------------------------- CLI
@@ -588,6 +644,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-model", metavar="MODULE:FACTORY",
                         help="use your own world model: FACTORY(world_model_spec, runtime) -> WorldModel")
     parser.add_argument("--summary", metavar="PATH", help="write the run summary JSON here as well")
+    parser.add_argument("--rollouts", metavar="DIR", help="log every step's rollouts (task, scripts, reward, advantage, "
+                        "anchor) as JSON lines, one file per training process: DIR/rank-<r>.jsonl")
 
 
 def _factory(ref: str) -> Callable[..., Any]:
@@ -610,14 +668,15 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError, ValidationError) as exc:
         print(f"wmrl train: {exc}", file=sys.stderr)
         return 2
-    trainer = build_trainer(config, world_model=world_model)
+    trainer = build_trainer(config, world_model=world_model, rollouts_dir=args.rollouts)
     signal.signal(signal.SIGTERM, trainer.request_stop)
     try:
         summary = trainer.train()
     finally:
         trainer.close()
     text = json.dumps({"event": "summary", **summary}, default=float)
-    print(text, flush=True)
-    if args.summary:
-        Path(args.summary).write_text(text)
+    if trainer.world.is_main:
+        print(text, flush=True)
+        if args.summary:
+            Path(args.summary).write_text(text)
     return 0 if trainer.finished else EXIT_PREEMPTED

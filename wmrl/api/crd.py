@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, WMRLRunSpec,
+from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, TRAINER_SHARED_CHECKPOINTS, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, WMRLRunSpec,
                              WMRLRunStatus)
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -49,7 +49,42 @@ IDENTITY_FIELDS = (
 )
 
 # Cross-field rules: (path of the object inside spec, rule, message, fieldPath relative to that object).
+def _or_default(path: str, default: int) -> str:
+    """CEL for ``self.<path>`` or its default when absent (objects above it may be absent too)."""
+    parts = path.split(".")
+    present = " && ".join(f"has(self.{'.'.join(parts[:i + 1])})" for i in range(len(parts)))
+    return f"({present} ? self.{path} : {default})"
+
+
+_GPUS = _or_default("trainer.gpusPerNode", 8)
+_PROCESSES = f"(({_GPUS} > 0 ? {_GPUS} : 1) * {_or_default('trainer.nodes', 1)})"
+_ROWS = f"({_or_default('algorithm.groupSize', 8)} * {_or_default('algorithm.groupsPerStep', 8)})"
+_TP = _or_default("policy.vllmTensorParallelSize", 1)
+
 SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
+    (): [
+        {
+            "rule": f"{_ROWS} % {_PROCESSES} == 0",
+            "message": "spec.algorithm.groupsPerStep: a step's rollouts (groupSize x groupsPerStep) must split evenly "
+                       "over the trainer's processes (trainer.gpusPerNode x nodes)",
+            "fieldPath": ".algorithm.groupsPerStep",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"{_TP} == 1 || ({_GPUS} > 0 && {_GPUS} % {_TP} == 0)",
+            "message": "spec.policy.vllmTensorParallelSize: must divide spec.trainer.gpusPerNode",
+            "fieldPath": ".policy.vllmTensorParallelSize",
+            "reason": "FieldValueInvalid",
+        },
+    ],
+    ("trainer",): [
+        {
+            "rule": "!has(self.nodes) || self.nodes == 1 || (has(self.checkpoint) && has(self.checkpoint.claimName))",
+            "message": TRAINER_SHARED_CHECKPOINTS,
+            "fieldPath": ".checkpoint.claimName",
+            "reason": "FieldValueInvalid",
+        }
+    ],
     ("sandbox",): [
         {
             "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",

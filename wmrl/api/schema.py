@@ -85,6 +85,9 @@ class PolicySpec(_Model):
     vllm_server_url: Optional[str] = Field(
         None, min_length=1, description="vllmMode server: base URL of a `trl vllm-serve` server (empty: TRL's default, "
         "http://localhost:8000, e.g. a sidecar).")
+    vllm_tensor_parallel_size: int = Field(
+        1, ge=1, le=16, description="vllmMode colocate: GPUs that one vLLM engine shards the policy over (TRL's "
+        "vllm_tensor_parallel_size); must divide spec.trainer.gpusPerNode.")
     sampling: RolloutSampling = Field(default_factory=RolloutSampling)
 
 
@@ -237,15 +240,36 @@ class CheckpointSpec(_Model):
     interval_steps: int = Field(50, ge=1)
 
 
+TRAINER_SHARED_CHECKPOINTS = ("spec.trainer.checkpoint.claimName: a trainer on several nodes needs a PersistentVolumeClaim "
+                              "that every node mounts (ReadWriteMany): each rank writes its part of a checkpoint")
+
+
 class TrainerSpec(_Model):
+    """The trainer Job: one process per GPU (one per node without GPUs), on ``nodes`` nodes."""
+
     image: str = Field("ghcr.io/wmrl/trainer:0.1.0", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    gpus_per_node: int = Field(8, ge=0, le=16)
-    nodes: int = Field(1, ge=1, le=1024)
+    gpus_per_node: int = Field(8, ge=0, le=16, description="GPUs per trainer Pod; one training process runs per GPU "
+                               "(one process when 0).")
+    nodes: int = Field(1, ge=1, le=1024, description="Trainer Pods (an Indexed Job); above 1 they train as one "
+                       "torch.distributed job, rendezvous at Pod 0.")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="How the processes share the policy: ddp replicates it on every GPU (policies up to about "
+        "4B parameters on 80 GB GPUs); fsdp shards parameters, gradients and optimizer state (9B and up).")
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+
+    @property
+    def processes_per_node(self) -> int:
+        return max(1, self.gpus_per_node)
+
+    @model_validator(mode="after")
+    def _shared_checkpoints(self) -> "TrainerSpec":
+        if self.nodes > 1 and not self.checkpoint.claim_name:
+            raise ValueError(TRAINER_SHARED_CHECKPOINTS)
+        return self
 
 
 class SandboxClientAccess(_Model):
@@ -307,6 +331,19 @@ class WMRLRunSpec(_Model):
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     active_deadline_seconds: Optional[int] = Field(None, ge=1)
     ttl_seconds_after_finished: Optional[int] = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _processes_fit(self) -> "WMRLRunSpec":
+        processes = self.trainer.processes_per_node * self.trainer.nodes
+        rows = self.algorithm.group_size * self.algorithm.groups_per_step
+        if rows % processes:
+            raise ValueError(f"spec.algorithm.groupsPerStep: a step's {rows} rollouts (groupSize x groupsPerStep) must "
+                             f"split evenly over the trainer's {processes} processes (trainer.gpusPerNode x nodes)")
+        tp = self.policy.vllm_tensor_parallel_size
+        if tp > 1 and (self.trainer.gpus_per_node == 0 or self.trainer.gpus_per_node % tp):
+            raise ValueError(f"spec.policy.vllmTensorParallelSize: {tp} does not divide spec.trainer.gpusPerNode "
+                             f"({self.trainer.gpus_per_node})")
+        return self
 
 
 class Phase(str, Enum):

@@ -1,0 +1,260 @@
+"""Several training processes (``wmrl launch``): real torchrun, gloo on the CPU, real TRL steps.
+
+What is checked, on real processes:
+
+* two processes train the tiny policy in every mode, single- and multi-turn; every rank's
+  rows of every step (``wmrl train --rollouts``) put back together give exactly the
+  rewards that one process grading the same scripts computes (a fresh WMRLStep with the same
+  seed and components, replayed here), and each rank's advantages are its slice of the
+  advantages of the whole batch;
+* kill -9 of one rank fails the launch; the next launch resumes from the last checkpoint
+  and finishes with the steps an uninterrupted run takes;
+* two launchers on this machine (two "nodes", rendezvous on localhost) train together.
+
+No GPU here: NCCL, FSDP on GPUs and vLLM tensor parallelism are exercised by tests/gpu.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from wmrl_trainer.checkpoint import complete_checkpoints
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+GROUP_SIZE, GROUPS = 4, 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from wmrl_sandbox.local import LocalServer
+    from wmrl_trainer.policy import save_tiny_model
+    from wmrl_scripted import make_tasks
+
+    root = tmp_path_factory.mktemp("dist")
+    for task in make_tasks(3):
+        for rel, content in task.to_files().items():
+            (root / "tasks" / task.name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / "tasks" / task.name / rel).write_bytes(content)
+    policy = save_tiny_model(root / "policy")
+    # For multi-turn: every token stops a turn, so turns end in a stop token (a turn cut off at
+    # maxNewTokens ends its trajectory) whatever the sampler draws (as test_grpo_multiturn's).
+    ending = save_tiny_model(root / "ending-policy")
+    generation = json.loads((ending / "generation_config.json").read_text())
+    vocabulary = json.loads((ending / "config.json").read_text())["vocab_size"]
+    (ending / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": list(range(vocabulary))}))
+    with LocalServer(slots=4) as server:
+        yield root, policy, server.url
+
+
+def write_config(root: Path, name: str, policy: Path, sandbox_url: str, mode: str = "wmrl", steps: int = 2,
+                 max_turns: int = 1, interval: int = 100) -> Path:
+    config = {
+        "apiVersion": "wmrl.dev/v1alpha1", "kind": "WMRLRun",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "mode": mode,
+            "policy": {"model": str(policy), "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 8}},
+            "tasks": {"path": str(root / "tasks")},
+            "algorithm": {"groupSize": GROUP_SIZE, "groupsPerStep": GROUPS, "steps": steps, "learningRate": 1e-2,
+                          "seed": 5, "maxTurns": max_turns, "anchors": {"fraction": 0.5}},
+            "sandbox": {"timeoutSeconds": 20},
+            "trainer": {"gpusPerNode": 0, "checkpoint": {"intervalSteps": interval}},
+        },
+        "runtime": {"checkpointDir": str(root / f"ckpt-{name}"), "patchStatus": False, "metricsPort": None,
+                    "sandboxUrls": [sandbox_url]},
+    }
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def launch(config: Path, *flags: str, train_args: tuple[str, ...] = ()) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "wmrl.cli", "launch", "--config", str(config), *flags, "--",
+           "--world-model", "wmrl_scripted:factory", *train_args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+def summary(out: str) -> dict:
+    lines = [line for line in out.splitlines() if line.startswith('{"event": "summary"')]
+    assert len(lines) == 1, f"one summary (rank 0's) expected, got {len(lines)}"
+    return json.loads(lines[0])
+
+
+def rollouts(directory: Path, ranks: int) -> dict[int, list[dict]]:
+    """Rows of each step, in the batch's order, from every rank's log."""
+    rows: dict[int, list[dict]] = {}
+    for rank in range(ranks):
+        for line in (directory / f"rank-{rank}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            assert row["rank"] == rank
+            rows.setdefault(row["step"], []).append(row)
+    return {step: sorted(found, key=lambda r: r["row"]) for step, found in sorted(rows.items())}
+
+
+def replay(config_path: Path, steps: dict[int, list[dict]], sandbox_url: str) -> dict[int, np.ndarray]:
+    """The rewards one process computes for the same scripts: a fresh step with the same components and seed."""
+    from wmrl.anchors import AnchorSelector
+    from wmrl.api.runconfig import load_run_config
+    from wmrl.calibration.client import LocalCalibration
+    from wmrl.calibration.state import CalibrationConfig
+    from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
+    from wmrl_trainer.loop import WMRLStep
+    from wmrl_trainer.tasks import load_tasks
+    from wmrl_scripted import factory
+
+    config = load_run_config(str(config_path))
+    alg, mode = config.spec.algorithm, config.spec.mode.value
+    tasks = {t.name: t for t in load_tasks(config.spec.tasks, config.runtime)}
+    dispatcher = SandboxDispatcher(StaticEndpoints([sandbox_url]), slots_per_pod=1, timeout=20)
+    step = WMRLStep(mode, alg, world_model=None if mode == "real" else factory(None, None),
+                    dispatcher=None if mode == "worldModel" else dispatcher,
+                    calibration=LocalCalibration(CalibrationConfig.from_spec(alg), trainer_id="default.replay")
+                    if mode == "wmrl" else None,
+                    selector=AnchorSelector(alg.anchors.fraction, alg.anchors.min_per_step, alg.anchors.max_concurrent,
+                                            alg.seed) if mode == "wmrl" else None,
+                    execution_timeout=80)
+    out = {}
+    try:
+        for number, rows in steps.items():
+            group_tasks = [tasks[rows[g * GROUP_SIZE]["task"]] for g in range(GROUPS)]
+            if alg.max_turns == 1:
+                codes = [[rows[g * GROUP_SIZE + i]["codes"][0] for i in range(GROUP_SIZE)] for g in range(GROUPS)]
+                scored = step.score(step.submit(number, group_tasks, codes))
+            else:
+                batch = step.begin_trajectories(number, group_tasks, GROUP_SIZE)
+                keys = batch.keys()
+                for turn in range(alg.max_turns):
+                    live = [(keys[r], row["codes"][turn]) for r, row in enumerate(rows) if len(row["codes"]) > turn]
+                    if not live:
+                        break
+                    step.grade_turn(batch, [k for k, _ in live], [c for _, c in live])
+                    for r, row in enumerate(rows):  # what the rollout decided locally (budget, truncation)
+                        trajectory = batch.get(keys[r])
+                        if not trajectory.done and len(row["codes"]) == turn + 1:
+                            trajectory.end("turns")
+                scored = step.finish_trajectories(batch)
+            out[number] = scored.rewards.reshape(-1)
+    finally:
+        step.close()
+        dispatcher.close()
+    return out
+
+
+def check_rows(steps: dict[int, list[dict]], ranks: int) -> None:
+    from wmrl_trainer.grpo import wmrl_advantages
+    from wmrl_trainer.loop import Scored, StepRecord
+
+    for number, rows in steps.items():
+        assert [r["row"] for r in rows] == list(range(GROUP_SIZE * GROUPS)), f"step {number}: rows missing"
+        per_rank = len(rows) // ranks
+        assert all(r["rank"] == r["row"] // per_rank for r in rows), "each rank holds its contiguous slice"
+        rewards = np.array([np.nan if r["reward"] is None else r["reward"] for r in rows]).reshape(GROUPS, GROUP_SIZE)
+        anchors = sorted({r["row"] // GROUP_SIZE for r in rows if r["anchor"]})
+        weight = rows[0]["weight"]
+        whole = Scored(rewards, anchors, weight, rewards, rewards, rewards, StepRecord(step=number, mode="x"))
+        expected, graded = wmrl_advantages(whole)
+        np.testing.assert_allclose([r["advantage"] for r in rows], expected, rtol=0, atol=1e-12)
+        assert [r["graded"] for r in rows] == graded.tolist()
+
+
+@pytest.mark.parametrize("mode,max_turns", [("wmrl", 1), ("real", 1), ("worldModel", 1), ("wmrl", 2)])
+def test_two_processes_grade_the_whole_batch_once_and_agree(setup, mode, max_turns):
+    root, policy, url = setup
+    name = f"two-{mode.lower()}-{max_turns}"
+    if max_turns > 1:
+        policy = root / "ending-policy"
+    config = write_config(root, name, policy, url, mode=mode, max_turns=max_turns)
+    out = finish(launch(config, "--nproc-per-node", "2", train_args=("--rollouts", str(root / name))))
+    result = summary(out)
+    assert result["finished"] and result["steps"] == 2
+    steps = rollouts(root / name, ranks=2)
+    assert sorted(steps) == [0, 1]
+    check_rows(steps, ranks=2)
+    if max_turns > 1:
+        assert any(len(r["codes"]) > 1 for rows in steps.values() for r in rows), "no trajectory had a second turn"
+    for number, rewards in replay(config, steps, url).items():
+        got = [np.nan if r["reward"] is None else r["reward"] for r in steps[number]]
+        np.testing.assert_allclose(got, rewards, rtol=0, atol=1e-12, err_msg=f"step {number}")
+
+
+def _worker_pids(launcher: subprocess.Popen) -> list[int]:
+    """The training processes under a launcher (torchrun's children running wmrl train)."""
+    out = subprocess.run(["ps", "-o", "pid=,ppid=,args=", "-ax"], capture_output=True, text=True).stdout
+    children: dict[int, list[tuple[int, str]]] = {}
+    for line in out.splitlines():
+        pid, ppid, args = line.strip().split(None, 2)
+        children.setdefault(int(ppid), []).append((int(pid), args))
+    found, todo = [], [launcher.pid]
+    while todo:
+        for pid, args in children.get(todo.pop(), []):
+            todo.append(pid)
+            if "wmrl.cli train" in args:
+                found.append(pid)
+    return found
+
+
+def test_kill_9_of_one_rank_fails_the_launch_and_the_next_one_resumes(setup):
+    root, policy, url = setup
+    steps = 4
+    config = write_config(root, "resume", policy, url, steps=steps, interval=1)
+    ckpt = root / "ckpt-resume"
+    proc = launch(config, "--nproc-per-node", "2")
+    deadline = time.monotonic() + 300
+    while not any(s >= 1 for s, _ in complete_checkpoints(ckpt)):
+        assert proc.poll() is None, proc.stdout.read()[-6000:]
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    workers = _worker_pids(proc)
+    assert len(workers) == 2, workers
+    os.kill(workers[-1], signal.SIGKILL)  # rank 1 dies mid-run
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0, "a dead rank must fail the launch (and so the Pod)"
+    saved = max(s for s, _ in complete_checkpoints(ckpt))
+    assert 1 <= saved < steps, saved
+
+    out = finish(launch(config, "--nproc-per-node", "2"))
+    result = summary(out)
+    assert result["resumedFrom"] == saved and result["finished"] and result["steps"] == steps
+    assert result["stepsThisProcess"] == steps - saved
+    names = {p.name for p in (ckpt / f"step-{steps:08d}").iterdir()}
+    assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json", "wmrl_state.json"} <= names
+
+
+def test_two_launchers_on_one_machine_train_as_two_nodes(setup):
+    root, policy, url = setup
+    config = write_config(root, "nodes", policy, url)
+    port = str(free_port())
+    common = ("--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port)
+    node0 = launch(config, *common, "--node-rank", "0", train_args=("--rollouts", str(root / "nodes")))
+    node1 = launch(config, *common, "--node-rank", "1", train_args=("--rollouts", str(root / "nodes")))
+    out0, out1 = finish(node0), finish(node1)
+    assert summary(out0)["finished"]
+    assert '{"event": "summary"' not in out1  # progress and the summary come from rank 0 only
+    check_rows(rollouts(root / "nodes", ranks=2), ranks=2)
