@@ -48,3 +48,11 @@ def test_shared_calibration_runs_name_the_same_calibration():
     assert len(runs) == 2
     names = {parse_spec(r["spec"]).calibration.name for r in runs}
     assert len(names) == 1 and None not in names
+
+
+def test_two_node_example_shards_the_policy_over_a_shared_checkpoint_volume():
+    spec = parse_spec(_runs(ROOT / "manifests/examples/gpu-run-9b-two-nodes.yaml")[0]["spec"])
+    assert spec.trainer.nodes == 2 and spec.trainer.strategy == "fsdp" and spec.trainer.checkpoint.claim_name
+    processes = spec.trainer.gpus_per_node * spec.trainer.nodes
+    assert spec.algorithm.group_size * spec.algorithm.groups_per_step % processes == 0
+    assert spec.trainer.gpus_per_node % spec.policy.vllm_tensor_parallel_size == 0

@@ -89,7 +89,7 @@ BASE_SPEC: dict[str, Any] = {
         "denoising": {"warmup": 4, "halfLife": 16},
     },
     "sandbox": {"timeoutSeconds": 60},
-    "trainer": {"checkpoint": {"intervalSteps": 100000}},
+    "trainer": {"gpusPerNode": 0, "checkpoint": {"intervalSteps": 100000}},  # one local process
 }
 """The quickstart's run (examples/quickstart.yaml) with the paper's frozen judge; the bench sets mode, seed and steps."""
 

@@ -70,7 +70,7 @@ def run_config(args: argparse.Namespace, mode: str, sandbox_url: str, workdir: P
                       "learningRate": 1e-4, "seed": 0, "maxTurns": max_turns,
                       "anchors": {"fraction": args.anchor_fraction, "waitSeconds": 0.0 if mode == ASYNC else None}},
         "sandbox": {"timeoutSeconds": 60},
-        "trainer": {"checkpoint": {"intervalSteps": 10**6}},
+        "trainer": {"gpusPerNode": 0, "checkpoint": {"intervalSteps": 10**6}},  # one local process
     })
     return RunConfig(metadata=RunMetadata(name=f"bench-{mode.lower()}-{max_turns}"), spec=spec,
                      runtime=Runtime(checkpoint_dir=str(workdir / f"{mode}-{max_turns}"), patch_status=False,

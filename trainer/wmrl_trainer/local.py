@@ -592,6 +592,8 @@ def load_manifest(path: str | Path, seed: Optional[int] = None, steps: Optional[
     if steps is not None:
         algorithm["steps"] = steps
     spec["algorithm"] = algorithm
+    # This machine trains in one process: the trainer Pod's GPUs and nodes do not apply here.
+    spec["trainer"] = {**dict(spec.get("trainer") or {}), "gpusPerNode": 0, "nodes": 1}
     try:
         return from_manifest({**manifest, "spec": spec})
     except ValidationError as exc:
