@@ -407,6 +407,12 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
     s = spec.sandbox
     pod_labels = labels(run, "sandbox")
     pod_sec, container_sec = _hardened_security()
+    namespaces = s.isolation == "namespaces"
+    if namespaces:
+        # Each execution gets its own user, PID, network, mount and IPC namespaces (bubblewrap), which
+        # the runtime's default seccomp profile forbids; the executions themselves run under the
+        # server's own filter, which refuses what they could misuse (docs/sandbox.md).
+        container_sec = {**container_sec, "seccompProfile": {"type": "Unconfined"}}
     if opts.suspended or opts.finished:
         replicas = 0
     elif opts.sandbox_replicas is None:
@@ -420,7 +426,8 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         "args": ["wmrl", "sandbox", "serve", "--port", str(SANDBOX_PORT)],
         "env": [{"name": "WMRL_SANDBOX_SLOTS", "value": str(s.slots_per_pod)},
                 {"name": "WMRL_SANDBOX_TIMEOUT_SECONDS", "value": str(s.timeout_seconds)},
-                {"name": "WMRL_SANDBOX_WORK_DIR", "value": f"{WORK_DIR}/exec"}],
+                {"name": "WMRL_SANDBOX_WORK_DIR", "value": f"{WORK_DIR}/exec"},
+                {"name": "WMRL_SANDBOX_REQUIRE_ISOLATION", "value": str(namespaces).lower()}],
         "ports": [{"name": "http", "containerPort": SANDBOX_PORT}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": SANDBOX_PORT}, "periodSeconds": 5},
         "securityContext": container_sec,

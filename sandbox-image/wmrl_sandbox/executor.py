@@ -9,6 +9,13 @@ Layers, from the outside in (see docs/sandbox.md for what each one stops):
   escaped to), a fresh network namespace (no interface but a down loopback), and a private
   mount namespace whose world-writable directories (/tmp, /var/tmp, /dev/shm) are fresh
   tmpfs mounts that vanish with the execution;
+* when it does not (the image's non-root user, the deployed mode): new user, PID, network,
+  mount, IPC, UTS and cgroup namespaces per execution through bubblewrap
+  (:mod:`wmrl_sandbox.namespaces`): a read-only filesystem with private /tmp, /var/tmp and
+  /dev/shm, other executions' directories hidden, no capabilities, no path to the server;
+* in every mode: ``no_new_privs`` and the seccomp filter of :mod:`wmrl_sandbox.seccomp`
+  (ptrace, bpf, io_uring, keyctl, new namespaces, mounts... refused); root mode also gets an
+  IPC namespace, so SysV IPC objects vanish with the execution;
 * a scrubbed environment (nothing of the server's), a new session/process group,
   resource limits (CPU time, address space, processes, file size, open files, no core);
 * a wall-clock timeout; when the main process ends (or times out) every process of the
@@ -51,6 +58,7 @@ MARKER_ENV = "WMRL_SANDBOX_EXECUTION"
 WORLD_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
 _CLONE_NEWNET = 0x40000000
 _MS_NOSUID = 2
 _MS_NODEV = 4
@@ -78,7 +86,7 @@ class Limits:
     nofile: int = 256
     max_output_bytes: int = 1 << 20  # per stream
     max_fetch_bytes: int = 64 << 20  # all fetched files together
-    tmpfs_mb: int = 64  # size of each private /tmp, /var/tmp, /dev/shm (root mode)
+    tmpfs_mb: int = 64  # size of each private /tmp, /var/tmp, /dev/shm
 
 
 @dataclass
@@ -135,12 +143,24 @@ class Isolation:
     as_root: bool
     network_namespace: bool
     mount_namespace: bool
+    ipc_namespace: bool = False
+    bwrap: Optional[str] = None  # non-root mode: bubblewrap, when it can create the namespaces here
+    seccomp: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "root" if self.as_root else "namespaces" if self.bwrap else "unisolated"
 
     def describe(self) -> dict:
         return {
+            "mode": self.mode,
             "uid_per_slot": self.as_root,
-            "network_namespace": self.network_namespace,
-            "mount_namespace": self.mount_namespace,
+            "user_namespaces": self.bwrap is not None,
+            "network_namespace": self.network_namespace or self.bwrap is not None,
+            "mount_namespace": self.mount_namespace or self.bwrap is not None,
+            "ipc_namespace": self.ipc_namespace or self.bwrap is not None,
+            "pid_namespace": self.bwrap is not None,
+            "seccomp": self.seccomp,
         }
 
 
@@ -206,12 +226,33 @@ def _probe(flags: int) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-def probe_isolation() -> Isolation:
+def _probe_bwrap(bwrap: Optional[str]) -> Optional[str]:
+    """``bwrap`` when it can set up an execution's namespaces here (unprivileged user namespaces
+    allowed: not refused by sysctl, seccomp or AppArmor), else None."""
+    if not bwrap:
+        return None
+    try:
+        done = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                               "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return bwrap if done.returncode == 0 else None
+
+
+def probe_isolation(bwrap: Optional[str] = None) -> Isolation:
+    """What this host allows. Root mode needs root; non-root mode uses ``bwrap`` (default: found on
+    PATH or through $WMRL_BWRAP) when it works here."""
+    from wmrl_sandbox import namespaces, seccomp
+
     as_root = os.geteuid() == 0
     return Isolation(
         as_root=as_root,
         network_namespace=as_root and _probe(_CLONE_NEWNET),
         mount_namespace=as_root and _probe(_CLONE_NEWNS),
+        ipc_namespace=as_root and _probe(_CLONE_NEWIPC),
+        bwrap=None if as_root else _probe_bwrap(bwrap or namespaces.find_bwrap()),
+        seccomp=seccomp.supported(),
     )
 
 
@@ -435,7 +476,10 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     set up: it keeps the namespace (and its private /tmp) alive after the execution's last process
     is gone, so ``fetch_files`` can read ``/tmp/...`` as the program saw it.
     """
+    from wmrl_sandbox import seccomp
+
     hidden = [path for path in dict.fromkeys((exec_dir, interpreter_root(python))) if _masked(path)]
+    own_filter = isolation.seccomp and not (uid is None and isolation.bwrap)  # else bwrap loads it
     cpu_seconds = int(math.ceil(run_timeout)) + 1
     address_space = memory_mb << 20
     # RLIMIT_NPROC counts every thread of the real uid: the execution's own uid in root mode;
@@ -445,7 +489,7 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     def preexec() -> None:  # pragma: no cover - runs in the child
         if uid is not None:
             flags = (_CLONE_NEWNET if isolation.network_namespace else 0) | (
-                _CLONE_NEWNS if isolation.mount_namespace else 0)
+                _CLONE_NEWNS if isolation.mount_namespace else 0) | (_CLONE_NEWIPC if isolation.ipc_namespace else 0)
             if flags:
                 _unshare(flags)
             if isolation.mount_namespace:
@@ -470,6 +514,8 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         if uid is not None:
             _drop_to(uid)
+        if own_filter:  # last: nothing above may be refused by it
+            seccomp.install()
 
     return preexec
 
@@ -740,6 +786,70 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, onerror=force)
 
 
+def _filter_pipe() -> int:
+    """The read end of a pipe holding the seccomp program (bwrap reads it up to end of file)."""
+    from wmrl_sandbox import seccomp
+
+    code = seccomp.program()
+    read, write = os.pipe()
+    try:
+        os.write(write, code)  # a few hundred bytes: well within the pipe's buffer
+    finally:
+        os.close(write)
+    return read
+
+
+def _bwrap_prefix(bwrap: str, workdir: Path, work_root: str, python: str, limits: Limits, filter_fd: int,
+                  info_fd: int) -> list[str]:
+    from wmrl_sandbox.namespaces import bwrap_command
+
+    home = os.path.expanduser("~")
+    hidden = [home] if home not in ("/", "") and os.path.isdir(home) and not str(workdir).startswith(home + "/") else []
+    root = interpreter_root(python)
+    masked = _masked(root) or root == work_root or root.startswith(work_root.rstrip("/") + "/") or root in hidden
+    return bwrap_command(bwrap, workdir=str(workdir), work_root=work_root, seccomp_fd=filter_fd, info_fd=info_fd,
+                         visible=[root] if masked else [], hidden=hidden, tmpfs_bytes=limits.tmpfs_mb << 20)
+
+
+def _namespace_init(info_fd: int, timeout: float = 10.0) -> Optional[int]:
+    """The PID namespace's first process (host pid) from bwrap's info pipe; None if bwrap ended first."""
+    import json
+
+    data = b""
+    end = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(info_fd, selectors.EVENT_READ)
+        while time.monotonic() < end and sel.select(max(0.0, end - time.monotonic())):
+            chunk = os.read(info_fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+            try:
+                return int(json.loads(data)["child-pid"])
+            except (ValueError, KeyError):
+                continue
+    return None
+
+
+def _end_namespace(init_pid: int, deadline_s: float = 5.0) -> None:
+    """Kill a PID namespace's first process, which takes every process of the namespace with it,
+    and wait until it is gone (reaping it once it is re-parented to this server)."""
+    start_time = (_stat_fields(init_pid) or [None] * 20)[19]
+    try:
+        os.kill(init_pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    end = time.monotonic() + deadline_s
+    while True:
+        fields = _stat_fields(init_pid)
+        if fields is None or fields[19] != start_time:
+            return
+        _reap_orphans()
+        if time.monotonic() > end:
+            raise RuntimeError(f"the execution's PID namespace (first process {init_pid}) did not end")
+        time.sleep(0.002)
+
+
 def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], isolation: Isolation,
             limits: Limits = Limits(), python: str = sys.executable) -> ExecutionResult:
     """Run ``request.code`` as ``python -E -s -B <workdir>/main.py`` in a fresh directory under ``work_root``.
@@ -763,13 +873,20 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         # Root mode with a mount namespace: the child hands over a handle on it (see _make_preexec).
         want_ns = uid is not None and isolation.mount_namespace and bool(request.fetch_files)
         ns_parent, ns_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) if want_ns else (None, None)
+        filter_read = info_read = info_write = init_pid = None
         try:
-            start = time.monotonic()
             # -E -s instead of -I: -I also implies -P, which keeps the program's directory off sys.path.
+            command = [python, "-E", "-s", "-B", str(workdir / SCRIPT_NAME)]
+            if uid is None and isolation.bwrap:
+                filter_read = _filter_pipe()
+                info_read, info_write = os.pipe()
+                command = _bwrap_prefix(isolation.bwrap, workdir, work_root, python, limits, filter_read,
+                                        info_write) + command
+            start = time.monotonic()
             proc = subprocess.Popen(
-                [python, "-E", "-s", "-B", str(workdir / SCRIPT_NAME)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
+                pass_fds=tuple(fd for fd in (filter_read, info_write) if fd is not None),
                 preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
                                          ns_sock=ns_child),
             )
@@ -784,6 +901,14 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
             for sock in (ns_parent, ns_child):
                 if sock is not None:
                     sock.close()
+            for fd in (filter_read, info_write):
+                if fd is not None:
+                    os.close(fd)
+        if info_read is not None:
+            try:
+                init_pid = _namespace_init(info_read)
+            finally:
+                os.close(info_read)
         _active_mains.add(proc.pid)
         stdin = request.stdin.encode() if request.stdin else b""
         if not stdin:
@@ -793,6 +918,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         # The execution ends with its main process: whatever it left behind dies now, which
         # also closes any pipe a daemonized grandchild kept open.
         killed = kill_everything(proc.pid, uid, marker)
+        if init_pid is not None:
+            _end_namespace(init_pid)
         return_code = proc.wait()
         _pump(proc, b"", time.monotonic() + 5.0, out, err, until_eof=True)
         if not request.fetch_files:
@@ -824,6 +951,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         if proc is not None:
             if proc.returncode is None:
                 kill_everything(proc.pid, uid, marker)
+                if init_pid is not None:
+                    _end_namespace(init_pid)
                 proc.wait()
             _active_mains.discard(proc.pid)
             for stream in (proc.stdin, proc.stdout, proc.stderr):

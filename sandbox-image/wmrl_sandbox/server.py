@@ -45,7 +45,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from wmrl_sandbox import executor
+from wmrl_sandbox import executor, selftest
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Isolation, Limits, RequestError
 
 log = logging.getLogger("wmrl.sandbox")
@@ -236,6 +236,7 @@ class SandboxServer:
         self.max_body_bytes = max_body_bytes
         self.python = python
         self.isolation = isolation or executor.probe_isolation()
+        self.layers: Optional[dict[str, bool]] = None  # the self-test's findings (self_test)
         if self.isolation.as_root:
             executor.check_searchable(self.work_root)
         self.uid_pool = executor.UidPool(slots, base=uid_base) if self.isolation.as_root else None
@@ -268,7 +269,7 @@ class SandboxServer:
         return web.json_response({"status": "ok", "slots": self.slots, "busy": self.busy,
                                   "queued": self.queue.queued, "max_queue": self.queue.max_queue,
                                   "max_queue_wait": self.queue.max_wait,
-                                  "isolation": self.isolation.describe(),
+                                  "isolation": self.isolation.describe(), "layers": self.layers,
                                   "uids": self.uid_pool.uids if self.uid_pool else []})
 
     async def metrics_handler(self, _request: web.Request) -> web.Response:
@@ -359,6 +360,16 @@ class SandboxServer:
             raise RuntimeError(f"self-check failed: running print() with {self.python} gave status {result.status}, "
                                f"exit code {result.return_code}" + (f":\n{detail}" if detail else ""))
 
+    def self_test(self) -> dict[str, bool]:
+        """Check every isolation layer from inside an execution (:mod:`wmrl_sandbox.selftest`)."""
+        def probe(code: str, argv: list[str]) -> tuple[str, str]:
+            program = f"import sys\nsys.argv[1:] = {argv!r}\n{code}"
+            result = self._execute(ExecutionRequest(code=program, run_timeout=30.0), self._free_uids[0])
+            return result.stdout, result.stderr
+
+        self.layers = selftest.run(probe, self.work_root)
+        return self.layers
+
     def _execute(self, job: ExecutionRequest, uid: Optional[int]) -> ExecutionResult:
         return executor.execute(job, work_root=self.work_root, uid=uid, isolation=self.isolation,
                                 limits=self.limits, python=self.python)
@@ -407,6 +418,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "files_truncated is set and the status is Failed")
     parser.add_argument("--uid-base", type=int, default=62000, help="first uid of the per-slot uids (root mode)")
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the code")
+    parser.add_argument("--require-isolation", action="store_true",
+                        default=_env("WMRL_SANDBOX_REQUIRE_ISOLATION", lambda v: v.lower() in ("1", "true"), False),
+                        help="refuse to start unless the self-test finds every isolation layer holding "
+                             "(exit 2 naming the ones that do not)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -421,8 +436,17 @@ def main(args: argparse.Namespace) -> int:
                                max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base,
                                max_queue=args.max_queue, max_queue_wait=args.max_queue_wait)
         server.self_check()
+        layers = server.self_test()
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"wmrl sandbox serve: {exc}", file=sys.stderr)
+        return 2
+    missing = [layer for layer, holds in layers.items() if not holds]
+    print(f"wmrl sandbox: isolation mode {server.isolation.mode}; self-test: "
+          + ("every layer holds" if not missing else f"NOT holding: {', '.join(missing)}"), flush=True)
+    if missing and args.require_isolation:
+        print(f"wmrl sandbox serve: --require-isolation: these layers do not hold here: {', '.join(missing)} "
+              "(docs/sandbox.md: deployed mode needs unprivileged user namespaces, or run the server as root)",
+              file=sys.stderr)
         return 2
     return asyncio.run(_serve(server, args.host, args.port))
 

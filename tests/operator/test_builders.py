@@ -146,6 +146,13 @@ def test_sandbox_pod_is_hardened():
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False
+    # The server's user namespaces need the runtime's seccomp profile off; executions get the server's filter.
+    assert sc["seccompProfile"] == {"type": "Unconfined"} and "appArmorProfile" not in sc
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "true"
+    restricted = b.sandbox_deployment(RUN, spec(sandbox={"isolation": "restricted"}))["spec"]["template"]["spec"]
+    assert restricted["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {e["name"]: e["value"] for e in restricted["containers"][0]["env"]}["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "false"
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert "/work" in mounts

@@ -3,7 +3,10 @@ applied as the operator applies it, is accepted by the apiserver; what the apise
 the Pods its controllers then create) still carries the securityContext, /dev/shm, the
 memory-backed emptyDirs' sizeLimits and the sandbox's default resources; and Pod Security
 Admission finds every pod template "restricted" except the vLLM world model's, which is
-"baseline" and misses only runAsNonRoot (its image may run as root).
+"baseline" and misses only runAsNonRoot (its image may run as root), with the sandbox's
+``isolation: restricted``. With the default ``isolation: namespaces`` the sandbox misses
+"baseline" by one field only, its container's seccomp profile (the runtime's forbids the user
+namespaces that isolate each execution): its namespace must allow "privileged".
 
 No operator runs here: the test applies ``builders.children`` itself (field manager
 ``wmrl-operator``, like ``kube.apply``), owned by a real WMRLRun object so that owner references
@@ -87,7 +90,7 @@ def psa_violations(warnings):
 
 def test_every_child_is_accepted_and_keeps_its_pod_safety(psa_namespace):
     kube = psa_namespace
-    run, spec = make_run(kube, "safe", trainer={"gpusPerNode": 2}, sandbox={"slotsPerPod": 2},
+    run, spec = make_run(kube, "safe", trainer={"gpusPerNode": 2}, sandbox={"slotsPerPod": 2, "isolation": "restricted"},
                          worldModel={"gpusPerReplica": 2})
     built = b.children(run, spec)
     kinds = {o["kind"] for o in built}
@@ -113,6 +116,22 @@ def test_every_child_is_accepted_and_keeps_its_pod_safety(psa_namespace):
                 assert other not in warning, warning
         else:
             assert warned[key] == [], f"{key} is not 'restricted': {warned[key]}"
+
+    # The default isolation: one field short of "baseline", the seccomp profile, and nothing else.
+    default_run, default_spec = make_run(kube, "ns")
+    assert default_spec.sandbox.isolation == "namespaces"
+    (sandbox_obj,) = [o for o in b.children(default_run, default_spec)
+                      if o["kind"] == "Deployment" and o["metadata"]["name"] == "ns-sandbox"]
+    (warning,) = psa_violations(server_side_apply(kube, sandbox_obj)[1])
+    assert 'container "sandbox" must not set securityContext.seccompProfile.type to "Unconfined"' in warning, warning
+    for other in ("allowPrivilegeEscalation", "capabilities", "runAsNonRoot", "AppArmor", "volume", "privileged"):
+        assert other not in warning, warning
+    # So a namespace enforcing "baseline" refuses its Pods (the operator's users label the
+    # sandbox's namespace "privileged", or choose isolation: restricted).
+    wait_for(lambda: any("Unconfined" in e.get("message", "") for e in (kube.get("events") or {}).get("items", [])
+                         if e["involvedObject"]["kind"] == "ReplicaSet"
+                         and e["involvedObject"]["name"].startswith("ns-sandbox")),
+             timeout=60, what="the ReplicaSet's FailedCreate event")
 
     # The figures themselves, as the apiserver stored them.
     sandbox = pod_spec(stored[("Deployment", "safe-sandbox")])
@@ -148,7 +167,9 @@ def test_explicit_sandbox_resources_win_and_stay_valid(psa_namespace):
     """Only a memory limit in the spec: memory is the user's (the apiserver defaults its request to
     the limit on the Pod), cpu gets the default, and the Pod is admitted."""
     kube = psa_namespace
-    run, spec = make_run(kube, "explicit", mode="real", sandbox={"resources": {"limits": {"memory": "1Gi"}}})
+    # isolation: restricted, since the namespace enforces "baseline" (see the module docstring).
+    run, spec = make_run(kube, "explicit", mode="real", sandbox={"resources": {"limits": {"memory": "1Gi"}},
+                                                                 "isolation": "restricted"})
     for obj in b.children(run, spec):
         if obj["kind"] != "Job":  # the sandbox pool is what this is about
             server_side_apply(kube, obj)
@@ -164,7 +185,8 @@ def test_client_access_service_is_a_cluster_ip_with_the_pool_behind_it(psa_names
     cluster IP, and its EndpointSlice lists the pool's Pods (kwok reports them ready)."""
     kube = psa_namespace
     run, spec = make_run(kube, "clients", mode="real",
-                         sandbox={"clientAccess": {"enabled": True, "podSelector": {"app": "verl-reward"}}})
+                         sandbox={"clientAccess": {"enabled": True, "podSelector": {"app": "verl-reward"}},
+                                  "isolation": "restricted"})
     assert spec.sandbox.client_access.enabled and spec.sandbox.client_access.pod_selector == {"app": "verl-reward"}
     stored = {}
     for obj in b.children(run, spec):

@@ -1,7 +1,14 @@
 """Hostile programs against a real server process: each is contained and leaves nothing behind.
 
-The server runs as root here, so the root-mode layers are exercised: a dedicated uid per
-slot, a fresh network namespace, a private mount namespace with tmpfs over /tmp.
+Every case runs against both isolation modes, each started with ``--require-isolation`` (so the
+server's self-test must find every layer holding before it serves):
+
+* ``root``: the server as root, a dedicated uid per slot, network, mount and IPC namespaces;
+* ``deployed``: the server as an unprivileged uid, as the image runs it in a Pod, each
+  execution in its own user, PID, network, mount and IPC namespaces through bubblewrap.
+
+Both add ``no_new_privs`` and the seccomp filter. The tests start servers as other users, so
+they need root (as CI has); they are never skipped.
 """
 
 import base64
@@ -19,10 +26,54 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandbox_helpers import SECRET, assert_contained, run
+import bubblewrap
+from sandbox_helpers import SECRET, TEST_ARGS, assert_contained, execution_processes, run
 from wmrl_sandbox.executor import WORK_SUBDIR
+from wmrl_sandbox.local import LocalServer
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root-mode isolation needs root (the tests run as root here)")
+DEPLOYED_UID = 61998  # the image's server runs as a numeric non-root uid; any free one does here
+
+
+def start(mode: str, tmp_path_factory, slots: int = 1):
+    """A server in ``mode`` with a secret in its environment; requires every isolation layer.
+
+    Each deployed server gets a uid of its own (``DEPLOYED_UID + slots``): the tests tell an
+    execution's processes by that uid."""
+    if os.geteuid() != 0:
+        raise RuntimeError("the hostile suite starts servers as root and as another uid: run it as root")
+    args = TEST_ARGS + ("--require-isolation",)
+    env = {"WMRL_TEST_SECRET": SECRET}
+    if mode == "root":
+        return LocalServer(slots=slots, args=args, env=env)
+    base = tmp_path_factory.mktemp(f"deployed-{slots}")
+    for directory in (base, base.parent, base.parent.parent):
+        os.chmod(directory, 0o755)
+    uid = DEPLOYED_UID + slots
+    work = base / "work"
+    work.mkdir()
+    os.chown(work, uid, uid)
+    # setpriv looks the venv's interpreter up with root's access (it lives under /root here); the
+    # executions use the system interpreter, which the server's uid can reach.
+    prefix = ("setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups")
+    return LocalServer(slots=slots, work_root=str(work), prefix=prefix,
+                       env={**env, "WMRL_BWRAP": bubblewrap.copy_for(base)},
+                       args=args + ("--python", "/usr/bin/python3"))
+
+
+@pytest.fixture(scope="module", params=["root", "deployed"])
+def server(request, tmp_path_factory):
+    with start(request.param, tmp_path_factory) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module", params=["root", "deployed"])
+def two_slots(request, tmp_path_factory):
+    with start(request.param, tmp_path_factory, slots=2) as srv:
+        yield srv
+
+
+def mode(server) -> str:
+    return server.healthz()["isolation"]["mode"]
 
 
 def test_infinite_loop_times_out(server):
@@ -81,8 +132,10 @@ def test_writes_outside_the_work_dir_do_not_land(server):
     assert res["status"] == "Success"
     out = res["run_result"]["stdout"]
     # World-writable dirs are private tmpfs mounts: the write "succeeds" inside the sandbox only.
+    # So do the work root and the server's home in deployed mode (empty tmpfs mounts hide them
+    # there); the system itself is read-only.
     assert f"wrote /tmp/{name} True" in out
-    for t in targets[3:]:
+    for t in targets[5:7]:
         assert f"denied {t}" in out
     for t in targets:
         assert not os.path.exists(os.path.join(server.work_root, t) if not t.startswith("/") else t), t
@@ -171,7 +224,8 @@ def test_daemonized_grandchild_does_not_outlive_the_execution(server):
     res = run(server, code)  # run_timeout 5 s: waiting for the 60 s sleeper would end TimeLimitExceeded
     assert res["status"] == "Success"
     assert res["run_result"]["status"] == "Finished" and res["run_result"]["stdout"] == "main exits\n"
-    assert _metric(server, "wmrl_sandbox_leftover_processes_killed_total") >= killed_before + 1
+    if mode(server) == "root":  # deployed: the kernel ends it with its PID namespace, often before any scan
+        assert _metric(server, "wmrl_sandbox_leftover_processes_killed_total") >= killed_before + 1
     assert_contained(server)
 
 
@@ -189,7 +243,8 @@ def test_grandchild_holding_the_pipes_is_killed_at_timeout(server):
 ])
 def test_killing_the_server_is_not_permitted(server, code, status):
     res = run(server, code)
-    assert res["status"] == status, res
+    if mode(server) == "root":  # deployed: its parent is its PID namespace's first process, immune to it
+        assert res["status"] == status, res
     assert server.proc.poll() is None
     assert_contained(server)
 
@@ -329,3 +384,224 @@ def _metric(server, sample: str) -> float:
         if line.rsplit(" ", 1)[0] == sample:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+# ---------------------------------------------------------------- what the deployed mode adds, in both modes
+
+
+def test_the_self_test_finds_every_layer_holding(server):
+    health = server.healthz()
+    assert health["layers"] and all(health["layers"].values()), health["layers"]
+    assert health["isolation"]["seccomp"] is True
+    if health["isolation"]["mode"] == "namespaces":
+        assert health["isolation"]["user_namespaces"] and health["isolation"]["pid_namespace"]
+
+
+def test_a_non_dumpable_setsid_daemon_with_an_empty_environment_dies_with_the_execution(server):
+    """No marker in its environment, unreadable /proc entries: found by its uid (root mode) or
+    killed with its PID namespace (deployed mode)."""
+    sleeper = "import ctypes, time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); time.sleep(60)"
+    code = (
+        "import ctypes, os, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.closerange(0, 3)\n"
+        f"        os.execve(sys.executable, [sys.executable, '-c', {sleeper!r}], {{}})\n"
+        "    os._exit(0)\n"
+        "print('parent exits')\n"
+    )
+    res = run(server, code)
+    assert res["status"] == "Success" and res["run_result"]["stdout"] == "parent exits\n"
+    assert_contained(server)
+
+
+def test_files_planted_for_the_next_execution_are_gone(server):
+    token = uuid.uuid4().hex
+    plant = (
+        "import os\n"
+        f"for d in ['/tmp', '/var/tmp', '/dev/shm', os.getcwd(), '..', '../..', os.path.expanduser('~'), '/']:\n"
+        "    path = os.path.join(d, 'plant-{token}')\n"
+        "    try:\n"
+        "        open(path, 'w').write('x')\n"
+        "        print('planted', os.path.abspath(path))\n"
+        "    except OSError:\n"
+        "        pass\n"
+    ).replace("{token}", token)
+    first = run(server, plant)
+    planted = [line.split(" ", 1)[1] for line in first["run_result"]["stdout"].splitlines()]
+    assert any(p.startswith("/tmp/") for p in planted)  # it could write somewhere: the next one must not see it
+    look = f"import os\nprint([p for p in {planted!r} if os.path.exists(p)])"
+    second = run(server, look)
+    assert second["run_result"]["stdout"] == "[]\n", second
+    assert not [p for p in planted if os.path.exists(p)]  # nor the host
+    assert_contained(server)
+
+
+def test_a_concurrent_execution_s_files_cannot_be_read(two_slots):
+    server = two_slots
+    holder_code = (
+        "import os, time\n"
+        f"open('secret.txt', 'w').write({SECRET!r})\n"
+        f"open('/tmp/secret.txt', 'w').write({SECRET!r})\n"
+        "deadline = time.time() + 30\n"
+        "while not os.path.exists('release') and time.time() < deadline:\n"
+        "    time.sleep(0.01)\n"
+    )
+    with ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(run, server, holder_code, run_timeout=40, timeout=60)
+        deadline = time.monotonic() + 20
+        while not list(Path(server.work_root).glob(f"**/{WORK_SUBDIR}/secret.txt")):
+            assert time.monotonic() < deadline, "the holder never started"
+            time.sleep(0.02)
+        (secret,) = Path(server.work_root).glob(f"**/{WORK_SUBDIR}/secret.txt")
+        snoop = (
+            "import glob, os\n"
+            f"paths = [{str(secret)!r}, '/tmp/secret.txt'] + glob.glob({server.work_root!r} + '/**/secret.txt', "
+            "recursive=True)\n"
+            "for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+            "    paths += [f'/proc/{pid}/cwd/secret.txt', f'/proc/{pid}/root/tmp/secret.txt']\n"
+            "for p in paths:\n"
+            "    try:\n"
+            f"        if {SECRET!r} in open(p).read(): print('LEAK', p)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "print('done')\n"
+        )
+        try:
+            res = run(server, snoop)
+        finally:
+            (secret.parent / "release").touch()
+        assert holder.result()["status"] == "Success"
+    assert res["run_result"]["stdout"] == "done\n", res
+    assert_contained(server)
+
+
+def test_no_network_loopback_metadata_or_dns(server):
+    port = int(server.url.rsplit(":", 1)[1])
+    code = (
+        "import socket\n"
+        f"for host, port in [('127.0.0.1', {port}), ('169.254.169.254', 80), ('10.96.0.1', 443)]:\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), timeout=1).close()\n"
+        "        print('CONNECTED', host)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "try:\n"
+        "    print('RESOLVED', socket.getaddrinfo('kubernetes.default.svc.cluster.local', 443))\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print('done')\n"
+    )
+    res = run(server, code)
+    assert res["run_result"]["stdout"] == "done\n", res
+    assert_contained(server)
+
+
+def test_many_processes_each_under_the_memory_limit_are_contained(server):
+    """Limits are per process without a delegated cgroup (docs/sandbox.md): twelve children of
+    100 MB each pass them; the execution still ends clean and the server is untouched."""
+    code = (
+        "import os\n"
+        "kids = []\n"
+        "for _ in range(12):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        block = bytearray(100 << 20)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "print(sum(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) == 0 for k in kids))\n"
+    )
+    res = run(server, code, memory_limit_MB=256, run_timeout=20)
+    assert res["status"] == "Success" and res["run_result"]["stdout"] == "12\n", res
+    assert_contained(server)
+
+
+def test_filling_a_tmpfs_stops_at_its_size(server):
+    shm_before = os.statvfs("/dev/shm")
+    code = (
+        "import errno\n"
+        "written = 0\n"
+        "try:\n"
+        "    with open('/dev/shm/fill', 'wb') as fh:\n"
+        "        while written < (4 << 30):\n"
+        "            fh.write(b'x' * (1 << 20))\n"
+        "            written += 1 << 20\n"
+        "except OSError as e:\n"
+        "    print('stopped', errno.errorcode[e.errno], written >> 20)\n"
+    )
+    res = run(server, code, run_timeout=20)
+    out = res["run_result"]["stdout"]
+    assert out.startswith("stopped"), res
+    assert int(out.split()[2]) <= 64  # the private tmpfs's size (the file size limit, 16 MB, may stop it first)
+    assert not os.path.exists("/dev/shm/fill")
+    assert os.statvfs("/dev/shm").f_bfree >= shm_before.f_bfree - 16  # nothing landed on the host's
+    assert_contained(server)
+
+
+def test_sysv_ipc_objects_do_not_outlive_the_execution(server):
+    key = 0x5EED0000 + (os.getpid() & 0xFFFF)
+    create = (
+        "import ctypes\n"
+        f"print(ctypes.CDLL(None).shmget({key}, 4096, 0o1000 | 0o666) >= 0)\n"  # IPC_CREAT
+    )
+    assert run(server, create)["run_result"]["stdout"] == "True\n"
+    find = f"import ctypes\nprint(ctypes.CDLL(None).shmget({key}, 0, 0))\n"
+    assert run(server, find)["run_result"]["stdout"] == "-1\n"  # gone with its IPC namespace
+    with open("/proc/sysvipc/shm") as fh:  # and never in the host's
+        assert f"{key:d}" not in [line.split()[0] for line in fh.read().splitlines()[1:]]
+    assert_contained(server)
+
+
+def test_setuid_binaries_gain_nothing(server):
+    code = (
+        "import os, subprocess\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)\n"
+        "print('nnp', status['NoNewPrivs'].strip(), 'capeff', int(status['CapEff'], 16))\n"
+        "for binary in ['/usr/bin/su', '/bin/su', '/usr/bin/passwd', '/usr/bin/mount', '/bin/mount']:\n"
+        "    if os.path.exists(binary) and os.stat(binary).st_mode & 0o4000:\n"
+        "        out = subprocess.run([binary, '--help'], capture_output=True, text=True, timeout=5)\n"
+        "        print('ran', binary)\n"
+        "        break\n"
+        "print('euid', os.geteuid())\n"
+    )
+    out = run(server, code)["run_result"]["stdout"]
+    assert "nnp 1 capeff 0" in out and "euid 0" not in out, out
+    assert_contained(server)
+
+
+def test_ptrace_of_the_server_and_of_its_own_child_is_refused(server):
+    code = (
+        "import ctypes, os, time\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"print('server', libc.ptrace(16, {server.pid}, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    time.sleep(5)\n"
+        "    os._exit(0)\n"
+        "print('child', libc.ptrace(16, child, 0, 0), ctypes.get_errno())\n"
+        "os.kill(child, 9)\n"
+    )
+    out = run(server, code)["run_result"]["stdout"]
+    lines = dict(line.split(" ", 1) for line in out.splitlines())
+    assert lines["server"].split()[0] == "-1" and lines["child"] == "-1 1", out  # EPERM from the filter
+    assert_contained(server)
+
+
+def test_kernel_interfaces_outside_a_programs_needs_are_refused(server):
+    from wmrl_sandbox.seccomp import _ARCHES
+
+    import platform
+
+    numbers = _ARCHES[platform.machine()][2]
+    calls = {"bpf": (0, 0, 0), "io_uring_setup": (1, 0), "keyctl": (0, 0), "unshare": (0x10000000,),
+             "mount": (0, 0, 0, 0, 0), "perf_event_open": (0, 0, -1, -1, 0), "userfaultfd": (0,)}
+    code = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for name, nr, args in {[(n, numbers[n], a) for n, a in calls.items()]!r}:\n"
+        "    print(name, libc.syscall(nr, *args), ctypes.get_errno())\n"
+    )
+    out = run(server, code)["run_result"]["stdout"]
+    assert sorted(out.splitlines()) == sorted(f"{name} -1 1" for name in calls), out
+    assert_contained(server)

@@ -1,7 +1,10 @@
-"""The server as a non-root user (the image's default): the layers that need no privilege still hold.
+"""The server as a non-root user where it cannot create namespaces (no bubblewrap, or user
+namespaces refused): the fallback, in which the layers that need no privilege still hold.
 
-Started with setpriv as an unprivileged uid. No per-execution uid or namespaces here; the
-process limit, the marker-based cleanup, the scrubbed environment and the limits remain.
+Started with setpriv as an unprivileged uid and no bubblewrap. No per-execution uid or
+namespaces here; seccomp and no_new_privs, the process limit, the marker-based cleanup, the
+scrubbed environment and the limits remain, and /healthz says which layers do not hold. The
+deployed mode proper (bubblewrap) is tested by test_hostile.py.
 """
 
 import base64
@@ -52,7 +55,13 @@ def marker_processes() -> list[int]:
 
 def test_nonroot_mode_is_reported(nonroot):
     health = nonroot.healthz()
-    assert health["isolation"] == {"uid_per_slot": False, "network_namespace": False, "mount_namespace": False}
+    # No bubblewrap given to this server: the fallback, with only what needs no privilege.
+    assert health["isolation"] == {"mode": "unisolated", "uid_per_slot": False, "user_namespaces": False,
+                                   "network_namespace": False, "mount_namespace": False, "ipc_namespace": False,
+                                   "pid_namespace": False, "seccomp": True}
+    # The self-test says what does not hold (the server was not started with --require-isolation).
+    assert health["layers"]["seccomp"] and health["layers"]["no_new_privs"] and health["layers"]["capabilities"]
+    assert not health["layers"]["reach_server"] and not health["layers"]["see_planted_files"]
     assert health["uids"] == []
 
 

@@ -294,6 +294,12 @@ class SandboxSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     timeout_seconds: int = Field(600, ge=1, le=86400, description="Wall-clock cap per execution (paper: 600 s).")
     runtime_class_name: Optional[str] = Field(None, description="e.g. gvisor or kata for a stronger sandbox.")
+    isolation: Literal["namespaces", "restricted"] = Field(
+        "namespaces", description="namespaces: every execution in its own user, PID, network, mount and IPC "
+        "namespaces (bubblewrap) under the server's seccomp filter; the server refuses to start unless its self-test "
+        "finds every layer holding. Its container runs without the runtime's seccomp profile (which forbids user "
+        "namespaces), so the namespace must allow Pod Security 'baseline'. restricted: the Pod meets Pod Security "
+        "'restricted' and executions run without namespaces of their own (pair it with runtimeClassName).")
     scale_down_stabilization_seconds: int = Field(120, ge=0, le=86400)
     client_access: SandboxClientAccess = Field(default_factory=SandboxClientAccess)
 
