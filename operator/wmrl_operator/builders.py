@@ -40,6 +40,8 @@ TASKS_MOUNT = "/tasks"
 WORK_DIR = "/work"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/wmrl/operator:0.1.0"
 MASTER_PORT = 29500
+ROLLOUT_PORT = 8000  # trl vllm-serve's HTTP port
+ROLLOUT_GROUP_PORT = 51216  # TRL's vllm_group_port: the weight-sync NCCL group (the trainer connects to it)
 
 # ---- Pod defaults (documented in docs/operator.md, "Pod security, resources and scratch space").
 # Quantities are written in the apiserver's canonical form ("2Gi", not "2048Mi"; "1", not "1000m")
@@ -124,6 +126,10 @@ def world_model_name(run: Run) -> str:
     return f"{run.name}-world-model"
 
 
+def rollout_name(run: Run) -> str:
+    return f"{run.name}-rollout"
+
+
 def calibration_name(run: Run, spec: WMRLRunSpec) -> str:
     return spec.calibration.name or f"{run.name}-calibration"
 
@@ -138,6 +144,12 @@ def needs_calibration(spec: WMRLRunSpec) -> bool:
 
 def serves_world_model(spec: WMRLRunSpec) -> bool:
     return spec.mode != Mode.REAL and spec.world_model.backend == "llm" and not spec.world_model.endpoint
+
+
+def serves_rollouts(spec: WMRLRunSpec) -> bool:
+    """The operator deploys the rollout vLLM server (TRL's server mode) unless the spec names one."""
+    p = spec.policy
+    return p.rollout_engine == "vllm" and p.vllm_mode == "server" and not p.vllm_server_url
 
 
 # ---------------------------------------------------------------- metadata helpers
@@ -216,6 +228,7 @@ def runtime(run: Run, spec: WMRLRunSpec) -> Runtime:
         sandbox_service=sandbox_name(run),
         sandbox_port=SANDBOX_PORT,
         world_model_url=wm_url,
+        rollout_url=f"http://{rollout_name(run)}.{run.namespace}.svc:{ROLLOUT_PORT}" if serves_rollouts(spec) else None,
         checkpoint_dir=spec.trainer.checkpoint.path,
         tasks_dir=TASKS_MOUNT if (tasks.pvc or tasks.config_map) else None,
         patch_status=True,
@@ -528,6 +541,55 @@ def world_model_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options(
     }
 
 
+def rollout_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
+    """TRL's rollout server (``trl vllm-serve``, from the trainer image) for ``vllmMode: server``: the
+    trainer's rank 0 sends it prompts and, after each step, the new weights (an NCCL group on
+    ``ROLLOUT_GROUP_PORT``); it shards the policy over ``vllmTensorParallelSize`` GPUs."""
+    p, t = spec.policy, spec.trainer
+    pod_labels = labels(run, "rollout")
+    pod_sec, container_sec = _hardened_security()
+    shm_volume, shm_mount = _shm_volume(p.vllm_tensor_parallel_size)
+    scratch = [({"name": name, "emptyDir": {}}, {"name": name, "mountPath": path})
+               for name, path in (("tmp", TRAINER_TMP), ("home", TRAINER_HOME), ("cache", TRAINER_CACHE))]
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": t.image,
+        "imagePullPolicy": t.image_pull_policy,
+        "command": ["trl", "vllm-serve", "--model", p.model, "--tensor-parallel-size", str(p.vllm_tensor_parallel_size),
+                    "--host", "0.0.0.0", "--port", str(ROLLOUT_PORT)],
+        "env": [{"name": k, "value": v} for k, v in TRAINER_CACHE_ENV.items()],
+        "ports": [{"name": "http", "containerPort": ROLLOUT_PORT}, {"name": "weights", "containerPort": ROLLOUT_GROUP_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health/", "port": ROLLOUT_PORT}, "periodSeconds": 10},
+        "securityContext": container_sec,
+        "volumeMounts": [shm_mount] + [m for _, m in scratch],
+    }
+    res = _resources(Resources(), p.vllm_tensor_parallel_size)
+    if res:
+        container["resources"] = res
+    pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "securityContext": pod_sec,
+                                "containers": [container], "volumes": [shm_volume] + [v for v, _ in scratch]}
+    if t.node_selector:
+        pod_spec["nodeSelector"] = dict(t.node_selector)
+    if t.tolerations:
+        pod_spec["tolerations"] = [tol.to_wire() for tol in t.tolerations]
+    replicas = 0 if (opts.suspended or opts.finished) else 1
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(run, rollout_name(run), "rollout"),
+        "spec": {"replicas": replicas, "selector": {"matchLabels": pod_labels},
+                 "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec}},
+    }
+
+
+def rollout_service(run: Run) -> dict[str, Any]:
+    service = _service(_meta(run, rollout_name(run), "rollout"), labels(run, "rollout"), ROLLOUT_PORT, "http",
+                       headless=False)
+    service["spec"]["ports"].append({"name": "weights", "port": ROLLOUT_GROUP_PORT, "targetPort": ROLLOUT_GROUP_PORT,
+                                     "protocol": "TCP"})
+    return service
+
+
 def world_model_service(run: Run) -> dict[str, Any]:
     return _service(_meta(run, world_model_name(run), "world-model"), labels(run, "world-model"),
                     WORLD_MODEL_PORT, "http", headless=False)
@@ -605,6 +667,8 @@ def children(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> list[dic
     objs.append(sandbox_deployment(run, spec, opts))
     if serves_world_model(spec):
         objs += [world_model_service(run), world_model_deployment(run, spec, opts)]
+    if serves_rollouts(spec):
+        objs += [rollout_service(run), rollout_deployment(run, spec, opts)]
     if spec.trainer.nodes > 1:
         objs.append(trainer_service(run))
     objs.append(trainer_job(run, spec, opts))
@@ -613,7 +677,8 @@ def children(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> list[dic
 
 PRUNABLE: tuple[tuple[str, str], ...] = (("apps/v1", "Deployment"), ("v1", "Service"))
 """Kinds of child that a spec change can make unwanted (the vLLM world model once an endpoint is given,
-the sandbox API Service once clientAccess is off, the trainer's Service below two nodes)."""
+the rollout server once a vllmServerUrl is given or vllmMode is colocate, the sandbox API Service once
+clientAccess is off, the trainer's Service below two nodes)."""
 
 
 def unwanted(run: Run, desired: list[dict[str, Any]], existing: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -422,3 +422,39 @@ def test_only_owned_children_the_spec_no_longer_wants_are_pruned():
     pruned = b.unwanted(RUN, without, with_api + [other_run, shared])
     assert [(o["kind"], o["metadata"]["name"]) for o in pruned] == [("Service", "demo-sandbox-api")]
     assert b.unwanted(RUN, with_api, with_api) == []
+
+
+def test_server_mode_without_a_url_gets_a_rollout_server_the_trainer_points_at():
+    import yaml
+
+    policy = {"model": "Qwen/Qwen3-4B", "vllmMode": "server", "vllmTensorParallelSize": 2}
+    objs = by_kind_name(b.children(RUN, spec(policy=policy, trainer={"gpusPerNode": 8, "nodeSelector": {"gpu": "h200"}})))
+    pod = objs[("Deployment", "demo-rollout")]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"] == ["trl", "vllm-serve", "--model", "Qwen/Qwen3-4B", "--tensor-parallel-size", "2",
+                            "--host", "0.0.0.0", "--port", "8000"]
+    assert c["image"] == "ghcr.io/wmrl/trainer:0.1.0"  # the trainer image carries TRL and vLLM
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2" and pod["nodeSelector"] == {"gpu": "h200"}
+    assert c["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/dev/shm", "/tmp", "/home/wmrl", "/var/cache/wmrl"}
+    ports = {p["name"]: p["port"] for p in objs[("Service", "demo-rollout")]["spec"]["ports"]}
+    assert ports == {"http": 8000, "weights": 51216}  # TRL's weight-sync group port
+    config = yaml.safe_load(objs[("ConfigMap", "demo-config")]["data"]["run.yaml"])
+    assert config["runtime"]["rolloutUrl"] == "http://demo-rollout.ns1.svc:8000"
+    # The server's GPUs need not divide the trainer's: only a colocated engine shares them.
+    assert spec(policy={**policy, "vllmTensorParallelSize": 3}, trainer={"gpusPerNode": 8})
+    # A server of your own, or colocated engines: no rollout server.
+    for other in ({**policy, "vllmServerUrl": "http://mine:8000"}, {"model": "Qwen/Qwen3-4B", "vllmMode": "colocate"}):
+        assert ("Deployment", "demo-rollout") not in by_kind_name(b.children(RUN, spec(policy=other)))
+    stopped = b.rollout_deployment(RUN, spec(policy=policy), b.Options(finished=True))
+    assert stopped["spec"]["replicas"] == 0  # its GPUs go back when the run ends
+
+
+def test_the_trainer_uses_the_deployed_rollout_server_unless_the_spec_names_one():
+    from wmrl.api.schema import PolicySpec
+    from wmrl_trainer.train import vllm_options
+
+    server = PolicySpec.model_validate({"model": "m", "vllmMode": "server"})
+    assert vllm_options(server, "http://r-rollout.ns.svc:8000")["vllm_server_base_url"] == "http://r-rollout.ns.svc:8000"
+    mine = PolicySpec.model_validate({"model": "m", "vllmMode": "server", "vllmServerUrl": "http://mine:8000"})
+    assert vllm_options(mine, "http://r-rollout.ns.svc:8000")["vllm_server_base_url"] == "http://mine:8000"

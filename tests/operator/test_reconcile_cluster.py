@@ -201,6 +201,24 @@ def test_children_the_spec_no_longer_wants_are_pruned(kube, operator):
     assert kube.get("service", "kappa-sandbox") is not None and kube.get("deployment", "kappa-sandbox") is not None
 
 
+def test_the_rollout_server_comes_and_goes_with_server_mode(kube, operator):
+    """vllmMode server without a URL: the operator deploys TRL's rollout server and points the trainer
+    at it; naming a server of your own prunes it (its GPUs are released)."""
+    policy = {"model": "builtin:tiny-coder", "rolloutEngine": "vllm", "vllmMode": "server"}
+    kube.apply(run_manifest("lambda", policy=policy))
+    deployment = wait_for(lambda: kube.get("deployment", "lambda-rollout"), what="the rollout server")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"][:2] == ["trl", "vllm-serve"]
+    assert kube.get("service", "lambda-rollout") is not None
+    assert rendered_spec(kube, "lambda")["policy"]["vllmMode"] == "server"
+    runtime = yaml.safe_load(kube.get("configmap", "lambda-config")["data"]["run.yaml"])["runtime"]
+    assert runtime["rolloutUrl"] == f"http://lambda-rollout.{kube.ns}.svc:8000"
+    res = kube.run("patch", "wmrlrun", "lambda", "-n", kube.ns, "--type=merge", "-p",
+                   '{"spec":{"policy":{"vllmServerUrl":"http://my-rollouts:8000"}}}', check=False)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: kube.get("deployment", "lambda-rollout") is None and kube.get("service", "lambda-rollout") is None,
+             timeout=30, what="the rollout server pruned")
+
+
 def test_deleting_a_run_garbage_collects_children_but_not_a_shared_calibration(kube, operator):
     kube.apply(run_manifest("iota", calibration={"name": "shared-cal"}))
     wait_for(lambda: kube.get("job", "iota-trainer"), what="job")

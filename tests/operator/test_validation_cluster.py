@@ -76,6 +76,9 @@ GOOD = [
                            "trainer": {"gpusPerNode": 8, "nodes": 2, "strategy": "fsdp",
                                        "checkpoint": {"claimName": "shared"}}}),
     ("cpu-trainer-any-batch", {"algorithm": {"groupSize": 3, "groupsPerStep": 1}, "trainer": {"gpusPerNode": 0}}),
+    # The rollout server's GPUs are its own: its tensor-parallel size need not divide the trainer's.
+    ("rollout-server-tp-3", {"policy": {"rolloutEngine": "vllm", "vllmMode": "server", "vllmTensorParallelSize": 3},
+                             "trainer": {"gpusPerNode": 8}}),
 ]
 
 

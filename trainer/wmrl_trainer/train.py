@@ -105,11 +105,12 @@ def make_prompt(task: Task, tokenizer: Any) -> Any:
     return [{"role": "user", "content": text}] if getattr(tokenizer, "chat_template", None) else text
 
 
-def vllm_options(policy: Any) -> dict[str, Any]:
-    """GRPOConfig's vLLM settings from ``spec.policy`` (used on GPU nodes with rolloutEngine vllm)."""
+def vllm_options(policy: Any, rollout_url: Optional[str] = None) -> dict[str, Any]:
+    """GRPOConfig's vLLM settings from ``spec.policy`` (used on GPU nodes with rolloutEngine vllm);
+    ``rollout_url`` is the server the operator deployed when the spec names none."""
     options: dict[str, Any] = {"vllm_mode": policy.vllm_mode}
-    if policy.vllm_mode == "server" and policy.vllm_server_url:
-        options["vllm_server_base_url"] = policy.vllm_server_url
+    if policy.vllm_mode == "server" and (policy.vllm_server_url or rollout_url):
+        options["vllm_server_base_url"] = policy.vllm_server_url or rollout_url
     if policy.vllm_mode == "colocate":
         options["vllm_gpu_memory_utilization"] = policy.vllm_gpu_memory_utilization
         options["vllm_tensor_parallel_size"] = policy.vllm_tensor_parallel_size
@@ -145,7 +146,7 @@ def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool, processes: int
 
     spec, alg = config.spec, config.spec.algorithm
     use_vllm = use_cuda and spec.policy.rollout_engine == "vllm"
-    extra = vllm_options(spec.policy) if use_vllm else {}
+    extra = vllm_options(spec.policy, config.runtime.rollout_url) if use_vllm else {}
     micro, accumulation = batch_split(alg.group_size, alg.groups_per_step, processes)
     if processes > 1:
         extra.update(strategy_options(spec.trainer.strategy, use_cuda))

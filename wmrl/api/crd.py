@@ -71,8 +71,9 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         },
         {
-            "rule": f"{_TP} == 1 || ({_GPUS} > 0 && {_GPUS} % {_TP} == 0)",
-            "message": "spec.policy.vllmTensorParallelSize: must divide spec.trainer.gpusPerNode",
+            "rule": f"{_TP} == 1 || (has(self.policy) && has(self.policy.vllmMode) && self.policy.vllmMode == 'server') "
+                    f"|| ({_GPUS} > 0 && {_GPUS} % {_TP} == 0)",
+            "message": "spec.policy.vllmTensorParallelSize: a colocated engine's must divide spec.trainer.gpusPerNode",
             "fieldPath": ".policy.vllmTensorParallelSize",
             "reason": "FieldValueInvalid",
         },

@@ -35,6 +35,8 @@ class Runtime(_Model):
     sandbox_port: int = SANDBOX_PORT
     sandbox_urls: list[str] = Field(default_factory=list, description="Static sandbox base URLs (local runs).")
     world_model_url: Optional[str] = Field(None, description="OpenAI-compatible base URL for the llm backend.")
+    rollout_url: Optional[str] = Field(None, description="Base URL of the rollout vLLM server the operator deployed "
+                                       "(spec.policy.vllmMode server without vllmServerUrl).")
     checkpoint_dir: str = "/checkpoints"
     results_dir: Optional[str] = None
     tasks_dir: Optional[str] = Field(None, description="Where task folders are mounted (pvc/configMap sources).")

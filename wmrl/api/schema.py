@@ -83,11 +83,11 @@ class PolicySpec(_Model):
     vllm_gpu_memory_utilization: float = Field(
         0.3, gt=0, le=1, description="vllmMode colocate: share of each training GPU's memory for the vLLM engine.")
     vllm_server_url: Optional[str] = Field(
-        None, min_length=1, description="vllmMode server: base URL of a `trl vllm-serve` server (empty: TRL's default, "
-        "http://localhost:8000, e.g. a sidecar).")
+        None, min_length=1, description="vllmMode server: base URL of your own `trl vllm-serve` server; empty: the "
+        "operator deploys one (<run>-rollout, the trainer image, vllmTensorParallelSize GPUs).")
     vllm_tensor_parallel_size: int = Field(
-        1, ge=1, le=16, description="vllmMode colocate: GPUs that one vLLM engine shards the policy over (TRL's "
-        "vllm_tensor_parallel_size); must divide spec.trainer.gpusPerNode.")
+        1, ge=1, le=16, description="GPUs that one vLLM engine shards the policy over: colocated (TRL's "
+        "vllm_tensor_parallel_size; must divide spec.trainer.gpusPerNode), or the rollout server the operator deploys.")
     sampling: RolloutSampling = Field(default_factory=RolloutSampling)
 
 
@@ -346,7 +346,8 @@ class WMRLRunSpec(_Model):
             raise ValueError(f"spec.algorithm.groupsPerStep: a step's {rows} rollouts (groupSize x groupsPerStep) must "
                              f"split evenly over the trainer's {processes} processes (trainer.gpusPerNode x nodes)")
         tp = self.policy.vllm_tensor_parallel_size
-        if tp > 1 and (self.trainer.gpus_per_node == 0 or self.trainer.gpus_per_node % tp):
+        colocated = self.policy.vllm_mode == "colocate"
+        if colocated and tp > 1 and (self.trainer.gpus_per_node == 0 or self.trainer.gpus_per_node % tp):
             raise ValueError(f"spec.policy.vllmTensorParallelSize: {tp} does not divide spec.trainer.gpusPerNode "
                              f"({self.trainer.gpus_per_node})")
         return self
