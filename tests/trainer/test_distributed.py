@@ -7,8 +7,8 @@ What is checked, on real processes:
   rewards that one process grading the same scripts computes (a fresh WMRLStep with the same
   seed and components, replayed here), and each rank's advantages are its slice of the
   advantages of the whole batch;
-* kill -9 of one rank fails the launch; the next launch resumes from the last checkpoint
-  and finishes with the steps an uninterrupted run takes;
+* kill -9 of one rank fails the launch (both launchers, when they are two nodes); the next
+  launch resumes from the last checkpoint and finishes with the steps an uninterrupted run takes;
 * two launchers on this machine (two "nodes", rendezvous on localhost) train together.
 
 No GPU here: NCCL, FSDP on GPUs and vLLM tensor parallelism are exercised by tests/gpu.
@@ -220,31 +220,57 @@ def _worker_pids(launcher: subprocess.Popen) -> list[int]:
     return found
 
 
-def test_kill_9_of_one_rank_fails_the_launch_and_the_next_one_resumes(setup):
+def launch_all(config: Path, layout: str, port: str) -> list[subprocess.Popen]:
+    """Two ranks: one launcher with two processes, or two launchers as two nodes."""
+    if layout == "processes":
+        return [launch(config, "--nproc-per-node", "2")]
+    common = ("--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port)
+    return [launch(config, *common, "--node-rank", str(rank)) for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("layout", ["processes", "nodes"])
+def test_kill_9_of_one_rank_fails_the_launch_and_the_next_one_resumes(setup, layout):
     root, policy, url = setup
     steps = 4
-    config = write_config(root, "resume", policy, url, steps=steps, interval=1)
-    ckpt = root / "ckpt-resume"
-    proc = launch(config, "--nproc-per-node", "2")
+    config = write_config(root, f"resume-{layout}", policy, url, steps=steps, interval=1)
+    ckpt = root / f"ckpt-resume-{layout}"
+    launchers = launch_all(config, layout, str(free_port()))
     deadline = time.monotonic() + 300
     while not any(s >= 1 for s, _ in complete_checkpoints(ckpt)):
-        assert proc.poll() is None, proc.stdout.read()[-6000:]
+        for proc in launchers:
+            assert proc.poll() is None, proc.stdout.read()[-6000:]
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.05)
-    workers = _worker_pids(proc)
+    workers = [pid for proc in launchers for pid in _worker_pids(proc)]
     assert len(workers) == 2, workers
     os.kill(workers[-1], signal.SIGKILL)  # rank 1 dies mid-run
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode != 0, "a dead rank must fail the launch (and so the Pod)"
+    for proc in launchers:
+        proc.communicate(timeout=300)
+        assert proc.returncode != 0, "a dead rank must fail every launcher (and so every Pod)"
     saved = max(s for s, _ in complete_checkpoints(ckpt))
     assert 1 <= saved < steps, saved
 
-    out = finish(launch(config, "--nproc-per-node", "2"))
-    result = summary(out)
+    outs = [finish(proc) for proc in launch_all(config, layout, str(free_port()))]
+    result = summary(outs[0])
     assert result["resumedFrom"] == saved and result["finished"] and result["steps"] == steps
     assert result["stepsThisProcess"] == steps - saved
     names = {p.name for p in (ckpt / f"step-{steps:08d}").iterdir()}
     assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json", "wmrl_state.json"} <= names
+
+    # Exact: the same weights and anchor selector as a run that was never interrupted (every rank
+    # restores its own RNG state; as in test_checkpoint, weights to float rounding).
+    from safetensors.torch import load_file
+    import torch
+
+    straight = write_config(root, f"straight-{layout}", policy, url, steps=steps, interval=100)
+    for proc in launch_all(straight, layout, str(free_port())):
+        finish(proc)
+    a_dir, b_dir = root / f"ckpt-straight-{layout}" / f"step-{steps:08d}", ckpt / f"step-{steps:08d}"
+    a, b = load_file(a_dir / "model.safetensors"), load_file(b_dir / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=name)
+    selector = lambda d: json.loads((d / "wmrl_state.json").read_text())["selector"]  # noqa: E731
+    assert selector(a_dir) == selector(b_dir)
 
 
 def test_two_launchers_on_one_machine_train_as_two_nodes(setup):
