@@ -65,7 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
                        help="watch this namespace (repeatable; env WMRL_NAMESPACES, comma-separated)")
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)")
-    parser.add_argument("--standalone", action="store_true", help="no peering: this is the only operator instance")
+    parser.add_argument("--standalone", action="store_true", help="no kopf peering (with --leader-elect, the Lease "
+                        "keeps replicas apart)")
+    parser.add_argument("--leader-elect", action="store_true",
+                        help="reconcile only while holding a coordination.k8s.io Lease: several replicas, one active")
+    parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "wmrl-system",
+                        help="namespace of the Lease (default: $POD_NAMESPACE, else wmrl-system)")
+    parser.add_argument("--lease-name", default="wmrl-operator", help="name of the Lease")
     parser.add_argument("--health-port", type=int, default=8080, help="liveness endpoint port (/healthz); 0 disables")
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port; 0 disables")
     parser.add_argument("--webhook", action="store_true",
@@ -112,6 +118,26 @@ def operator_settings(args: argparse.Namespace) -> Any:
     return settings
 
 
+def _lead(args: argparse.Namespace) -> Any:
+    """Wait as a standby until this replica holds the Lease, then keep renewing it; exits the
+    process at once if leadership is lost (:mod:`wmrl_operator.leader`)."""
+    from kubernetes import client
+
+    from wmrl_operator.kube import load_configuration
+    from wmrl_operator.leader import LeaderElector, default_identity, serve_standby_health
+
+    api = client.CoordinationV1Api(client.ApiClient(load_configuration()))
+    elector = LeaderElector(api, args.lease_namespace, args.lease_name, default_identity())
+    close_health = serve_standby_health(args.health_port) if args.health_port else None
+    try:
+        elector.acquire()
+    finally:
+        if close_health is not None:
+            close_health()
+    elector.keep(on_lost=lambda: os._exit(1))  # never two active replicas: stop now, restart as a standby
+    return elector
+
+
 def main(args: argparse.Namespace) -> int:
     import kopf
 
@@ -133,12 +159,17 @@ def main(args: argparse.Namespace) -> int:
     register(registry, config)
     logging.getLogger("wmrl.operator").info(
         "starting", extra={"namespaces": ",".join(namespaces) or "*", "webhook": args.webhook})
-    kopf.run(
-        registry=registry,
-        settings=operator_settings(args),
-        standalone=args.standalone,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
-    )
+    elector = _lead(args) if args.leader_elect else None
+    try:
+        kopf.run(
+            registry=registry,
+            settings=operator_settings(args),
+            standalone=args.standalone,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        )
+    finally:
+        if elector is not None:
+            elector.release()
     return 0

@@ -49,6 +49,16 @@ CLUSTER_ROLE_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
 ]
 
+def lease_rules(lease: str) -> list[dict[str, Any]]:
+    """Leader election (``--leader-elect``), a Role in the operator's own namespace: ``create`` a
+    Lease (it cannot be limited by name, see the webhook rules below), get/update only its own."""
+    return [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease],
+         "verbs": ["get", "update"]},
+    ]
+
+
 # The name kopf gives its managed webhook configurations: ``settings.admission.managed`` in main.py.
 WEBHOOK_CONFIGURATION = "wmrl.dev"
 WEBHOOK_RESOURCES = ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]

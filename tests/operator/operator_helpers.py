@@ -14,15 +14,16 @@ class Operator(ManagedProcess):
 
     stop_timeout = 15.0
 
-    def __init__(self, kubeconfig, namespace, log_path, resync=1.0):
+    def __init__(self, kubeconfig, namespace, log_path, resync=1.0, extra_args=(), env=None):
         self.kubeconfig, self.namespace, self.log_path, self.resync = kubeconfig, namespace, log_path, resync
+        self.extra_args, self.env = tuple(extra_args), dict(env or {})
         self.proc = None
 
     def start(self):
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
         cmd = [sys.executable, "-m", "wmrl.cli", "operator", "--standalone", "--namespace", self.namespace,
                "--health-port", "0", "--metrics-port", "0", "--resync-interval", str(self.resync),
-               "--calibration-interval", "2"]
+               "--calibration-interval", "2", *self.extra_args]
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         return self

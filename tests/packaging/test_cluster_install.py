@@ -71,8 +71,9 @@ def crd(k8s_cluster):
 # ---------------------------------------------------------------- helm, offline
 
 
-@pytest.mark.parametrize("values", [[], ["--set", "watchedNamespaces={team-a,team-b}"], ["--set", "webhook.enabled=true"]],
-                         ids=["defaults", "watched-namespaces", "webhook"])
+@pytest.mark.parametrize("values", [[], ["--set", "watchedNamespaces={team-a,team-b}"], ["--set", "webhook.enabled=true"],
+                                    ["--set", "replicaCount=1", "--set", "leaderElection.enabled=false"]],
+                         ids=["defaults", "watched-namespaces", "webhook", "one-replica-no-lease"])
 def test_helm_lint_is_clean(k8s_cluster, values):
     out = _run(k8s_cluster.helm, "lint", "--strict", str(CHART), *values)
     assert "0 chart(s) failed" in out
@@ -82,11 +83,19 @@ def test_helm_lint_is_clean(k8s_cluster, values):
     (["--set", "logLevel=loud"], "/logLevel"),
     (["--set", "watchedNamespaces={Team_A}"], "/watchedNamespaces/0"),
     (["--set", "webhook.port=0"], "/webhook/port"),
-], ids=["log-level", "namespace-name", "port"])
+    (["--set", "replicaCount=0"], "/replicaCount"),
+], ids=["log-level", "namespace-name", "port", "no-replicas"])
 def test_values_schema_refuses_bad_values(k8s_cluster, values, message):
     res = k8s_cluster.helm("lint", "--strict", str(CHART), *values, check=False)
     assert res.returncode != 0
     assert message in res.stdout + res.stderr
+
+
+def test_two_replicas_without_the_lease_are_refused(k8s_cluster):
+    """Both would reconcile: the chart fails to render instead."""
+    res = k8s_cluster.helm("template", "wmrl", str(CHART), "--set", "leaderElection.enabled=false", check=False)
+    assert res.returncode != 0
+    assert "replicaCount > 1 needs leaderElection.enabled" in res.stderr
 
 
 def test_chart_renders_exactly_install_yaml(k8s_cluster):
@@ -153,9 +162,9 @@ def test_helm_install_runs_the_operator_then_uninstalls(k8s_cluster, namespace, 
     try:
         deployment = json.loads(_run(k8s_cluster.kubectl, "get", "deployment", "-n", ns, "-o", "json"))["items"]
         assert len(deployment) == 1
-        assert deployment[0]["status"].get("availableReplicas") == 1
+        assert deployment[0]["status"].get("availableReplicas") == 2  # one active, one standby (Lease)
         pods = json.loads(_run(k8s_cluster.kubectl, "get", "pods", "-n", ns, "-o", "json"))["items"]
-        assert [p["status"]["phase"] for p in pods] == ["Running"]
+        assert [p["status"]["phase"] for p in pods] == ["Running", "Running"]
         status = _run(k8s_cluster.helm, "status", release, "--namespace", ns, "-o", "json")
         assert json.loads(status)["info"]["status"] == "deployed"
     finally:

@@ -41,21 +41,26 @@ def test_check_names_the_stale_file_and_write_repairs_it(tmp_path):
     assert generate.stale(tmp_path) == []
 
 
-def test_install_yaml_holds_crd_rbac_and_one_recreate_operator():
+def test_install_yaml_holds_crd_rbac_and_two_leader_elected_operators():
+    from wmrl_operator.rbac import lease_rules
+
     docs = list(yaml.safe_load_all((ROOT / "manifests/install.yaml").read_text()))
     kinds = [d["kind"] for d in docs]
     assert kinds == ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
-                     "ClusterRoleBinding", "Deployment"]
+                     "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"]
     deployment = docs[-1]
     assert deployment["metadata"]["namespace"] == "wmrl-system"
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2  # one active, one standby, through the Lease
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}
+    lease_role = docs[5]
+    assert lease_role["metadata"]["namespace"] == "wmrl-system" and lease_role["rules"] == lease_rules("wmrl-operator")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = pod["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["args"][:2] == ["operator", "--all-namespaces"]
+    assert {"--leader-elect", "--lease-namespace=wmrl-system", "--lease-name=wmrl-operator"} <= set(container["args"])
     rules = generate.rbac_rules()
     assert docs[3]["rules"] == rules["cluster"] + rules["namespaced"]
 

@@ -90,6 +90,8 @@ def _image(ref: dict[str, Any], app_version: str) -> str:
 def install_objects() -> list[dict[str, Any]]:
     """The plain-manifest install: the chart's objects for release ``wmrl`` with default
     values (all namespaces, no webhook), plus the Namespace and the CRD."""
+    from wmrl_operator.rbac import lease_rules  # build-time only: see the module docstring
+
     values, app_version = _chart_values()
     name = "wmrl-operator"
     selector = {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": RELEASE}
@@ -105,8 +107,8 @@ def install_objects() -> list[dict[str, Any]]:
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {**labels, "app.kubernetes.io/component": "operator"}},
         "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
+            "replicas": values["replicaCount"],
+            "strategy": {"type": "RollingUpdate" if values["leaderElection"]["enabled"] else "Recreate"},
             "selector": {"matchLabels": pod_labels},
             "template": {
                 "metadata": {"labels": pod_labels},
@@ -129,11 +131,15 @@ def install_objects() -> list[dict[str, Any]]:
                                 "operator",
                                 "--all-namespaces",
                                 "--standalone",
+                                "--leader-elect",
+                                f"--lease-namespace={NAMESPACE}",
+                                f"--lease-name={name}",
                                 f"--health-port={health}",
                                 f"--metrics-port={metrics}",
                                 f"--image={calibration_image}",
                                 f"--log-format={values['logFormat']}",
                             ] + (["--verbose"] if values["logLevel"] == "debug" else []),
+                            "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
                             "ports": [{"name": "health", "containerPort": health, "protocol": "TCP"},
                                       {"name": "metrics", "containerPort": metrics, "protocol": "TCP"}],
                             "livenessProbe": {**probe, "initialDelaySeconds": 10, "periodSeconds": 20,
@@ -168,6 +174,19 @@ def install_objects() -> list[dict[str, Any]]:
             "kind": "ClusterRoleBinding",
             "metadata": {"name": name, "labels": labels},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": f"{name}-leader-election", "namespace": NAMESPACE, "labels": labels},
+            "rules": lease_rules(name),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{name}-leader-election", "namespace": NAMESPACE, "labels": labels},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-leader-election"},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
         },
         deployment,
