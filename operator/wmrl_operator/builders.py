@@ -649,6 +649,27 @@ def calibration_objects(run: Run, spec: WMRLRunSpec, opts: Options = Options()) 
     ]
 
 
+def ownership_conflict(run: Run, desired: dict[str, Any], existing: Optional[dict[str, Any]]) -> Optional[str]:
+    """Why applying ``desired`` would take over an object that is not this run's to write, or None.
+
+    Child names are derived from the run's own name, except a calibration's, which the spec names
+    (``spec.calibration.name``): a run could name another run's calibration (``<other>-calibration``)
+    or make its own collide with a shared one. Server-side apply from the same field manager would
+    then silently take the object over (and drop the other run's owner reference).
+    """
+    if existing is None:
+        return None
+    where = f"{desired['kind']} {run.namespace}/{desired['metadata']['name']}"
+    owners = [r for r in existing["metadata"].get("ownerReferences") or [] if r.get("controller")]
+    if owners and owners[0].get("uid") != run.uid:
+        return f"{where} belongs to {owners[0].get('kind')} {owners[0].get('name')!r} (spec.calibration.name)"
+    labels = existing["metadata"].get("labels") or {}
+    if desired["metadata"].get("ownerReferences") and not owners and CALIBRATION_LABEL in labels \
+            and RUN_LABEL not in labels:
+        return f"{where} is the shared calibration {labels[CALIBRATION_LABEL]!r}, not this run's own"
+    return None
+
+
 # ---------------------------------------------------------------- everything
 
 

@@ -137,6 +137,13 @@ class Reconciler:
 
         missing = await self._missing_references(run, spec)
         job = await self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))
+        conflicts = await self._ownership_conflicts(run, spec) if (apply_children or job is None) else []
+        if conflicts and job is None:
+            # Writing would take over another run's (or a shared) calibration: create nothing, say which.
+            message = "; ".join(conflicts)
+            patch = st.status_patch(status, Phase.PENDING.value, st.OWNERSHIP_CONFLICT, message, generation, now_s)
+            await self._transition(body, status, patch, "Warning", st.OWNERSHIP_CONFLICT, message)
+            return
         if missing and job is None:
             # Nothing started yet: wait for the objects (they may be created after the run), create nothing.
             message = "; ".join(missing)
@@ -179,7 +186,8 @@ class Reconciler:
         if start_time is None and not spec.suspend:
             start_time = now_s
         if apply_children or js.state == "absent":
-            await self._apply_children(run, spec, start_time, now, job_exists=job is not None)
+            await self._apply_children(run, spec, start_time, now, job_exists=job is not None,
+                                       skip_calibration=bool(conflicts))
         if job is not None and bool((job.get("spec") or {}).get("suspend")) != spec.suspend:
             job = await self.kube.merge_patch("batch/v1", "Job", run.namespace, builders.trainer_name(run),
                                               {"spec": {"suspend": spec.suspend}})
@@ -191,6 +199,9 @@ class Reconciler:
         if missing:  # a trainer runs with what it mounted: never fail it over a reference, say so
             reason = st.REFERENCE_MISSING
             message = "; ".join(missing) + f" (the trainer keeps what it mounted; phase {phase} unchanged)"
+        if conflicts:  # a running trainer keeps its calibration; the conflicting objects are left alone
+            reason = st.OWNERSHIP_CONFLICT
+            message = "; ".join(conflicts) + f" (left untouched; phase {phase} unchanged)"
         fields: dict[str, Any] = {"restarts": restarts}
         if start_time:
             fields["startTime"] = start_time
@@ -218,8 +229,22 @@ class Reconciler:
                 missing.append(f"{field}: {kind} {name!r} not found in namespace {run.namespace!r}")
         return missing
 
+    async def _ownership_conflicts(self, run: builders.Run, spec: WMRLRunSpec) -> list[str]:
+        """The calibration objects this run would take over (``builders.ownership_conflict``): its
+        Deployment and state ConfigMap, the ones a name collision puts at stake."""
+        if not builders.needs_calibration(spec):
+            return []
+        found = []
+        for obj in builders.calibration_objects(run, spec):
+            if obj["kind"] in ("Deployment", "ConfigMap"):
+                existing = await self.kube.get(obj["apiVersion"], obj["kind"], run.namespace, obj["metadata"]["name"])
+                why = builders.ownership_conflict(run, obj, existing)
+                if why:
+                    found.append(why)
+        return found
+
     async def _apply_children(self, run: builders.Run, spec: WMRLRunSpec, start_time: Optional[str],
-                              now: dt.datetime, job_exists: bool) -> None:
+                              now: dt.datetime, job_exists: bool, skip_calibration: bool = False) -> None:
         sandbox = await self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))
         current = ((sandbox or {}).get("spec") or {}).get("replicas")
         opts = builders.Options(
@@ -229,6 +254,9 @@ class Reconciler:
             operator_image=self.settings.operator_image,
         )
         objs = builders.children(run, spec, opts)
+        if skip_calibration:
+            names = {(o["kind"], o["metadata"]["name"]) for o in builders.calibration_objects(run, spec, opts)}
+            objs = [o for o in objs if (o["kind"], o["metadata"]["name"]) not in names]
         job = [o for o in objs if o["kind"] == "Job"]
         others = [o for o in objs if o["kind"] != "Job"]
         # Independent objects in parallel; the Job last, once its SA, config and Services exist.

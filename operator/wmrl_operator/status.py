@@ -23,6 +23,7 @@ TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 INVALID_SPEC = "InvalidSpec"
 WAITING_FOR_REFERENCES = "WaitingForReferences"
 REFERENCE_MISSING = "ReferenceMissing"
+OWNERSHIP_CONFLICT = "OwnershipConflict"
 MAX_RESTARTS = "MaxRestartsExceeded"
 DEADLINE = "DeadlineExceeded"
 CONDITION_TYPES = ("Running", "Suspended", "Complete", "Failed")

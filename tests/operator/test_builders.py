@@ -458,3 +458,23 @@ def test_the_trainer_uses_the_deployed_rollout_server_unless_the_spec_names_one(
     assert vllm_options(server, "http://r-rollout.ns.svc:8000")["vllm_server_base_url"] == "http://r-rollout.ns.svc:8000"
     mine = PolicySpec.model_validate({"model": "m", "vllmMode": "server", "vllmServerUrl": "http://mine:8000"})
     assert vllm_options(mine, "http://r-rollout.ns.svc:8000")["vllm_server_base_url"] == "http://mine:8000"
+
+
+def test_an_object_of_another_run_or_a_shared_calibration_is_a_conflict_naming_it():
+    own = b.Run("alpha", "ns1", "uid-alpha")
+    other = b.Run("beta", "ns1", "uid-beta")
+    alphas = by_kind_name(b.calibration_objects(own, spec()))[("Deployment", "alpha-calibration")]
+    assert b.ownership_conflict(own, alphas, None) is None
+    assert b.ownership_conflict(own, alphas, alphas) is None  # its own, as applied before
+    # beta names alpha's private calibration: it would take it over.
+    borrowed = by_kind_name(b.calibration_objects(other, spec(calibration={"name": "alpha-calibration"})))
+    why = b.ownership_conflict(other, borrowed[("Deployment", "alpha-calibration")], alphas)
+    assert "Deployment ns1/alpha-calibration belongs to WMRLRun 'alpha'" in why
+    # A run's own calibration must not take over a shared one that happens to have its name.
+    shared = by_kind_name(b.calibration_objects(other, spec(calibration={"name": "alpha-calibration"})))
+    why = b.ownership_conflict(own, alphas, shared[("Deployment", "alpha-calibration")])
+    assert "shared calibration 'alpha-calibration'" in why
+    # Runs sharing one calibration by name are not in conflict.
+    again = b.calibration_objects(own, spec(calibration={"name": "team"}))
+    assert all(b.ownership_conflict(own, o, o) is None
+               for o in b.calibration_objects(other, spec(calibration={"name": "team"})) for o in again)

@@ -219,6 +219,20 @@ def test_the_rollout_server_comes_and_goes_with_server_mode(kube, operator):
              timeout=30, what="the rollout server pruned")
 
 
+def test_naming_another_runs_calibration_waits_under_a_conflict_and_touches_nothing(kube, operator):
+    kube.apply(run_manifest("mu"))
+    owner = wait_for(lambda: kube.get("deployment", "mu-calibration"), what="mu's own calibration")
+    kube.apply(run_manifest("nu", calibration={"name": "mu-calibration"}))
+    wait_for(lambda: (condition(kube, "nu", "Running") or {}).get("reason") == "OwnershipConflict",
+             what="nu's OwnershipConflict condition")
+    message = condition(kube, "nu", "Running")["message"]
+    assert f"Deployment {kube.ns}/mu-calibration belongs to WMRLRun 'mu'" in message
+    assert kube.status("nu")["phase"] == "Pending" and kube.get("job", "nu-trainer") is None
+    after = kube.get("deployment", "mu-calibration")
+    assert after["metadata"]["ownerReferences"] == owner["metadata"]["ownerReferences"]  # still mu's
+    assert after["metadata"]["generation"] == owner["metadata"]["generation"]  # not rewritten
+
+
 def test_deleting_a_run_garbage_collects_children_but_not_a_shared_calibration(kube, operator):
     kube.apply(run_manifest("iota", calibration={"name": "shared-cal"}))
     wait_for(lambda: kube.get("job", "iota-trainer"), what="job")
