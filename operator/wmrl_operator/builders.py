@@ -667,6 +667,22 @@ def ownership_conflict(run: Run, desired: dict[str, Any], existing: Optional[dic
     if desired["metadata"].get("ownerReferences") and not owners and CALIBRATION_LABEL in labels \
             and RUN_LABEL not in labels:
         return f"{where} is the shared calibration {labels[CALIBRATION_LABEL]!r}, not this run's own"
+    if desired["kind"] == "Deployment" and not desired["metadata"].get("ownerReferences"):
+        # Runs sharing a calibration must agree on what it computes: the first one's settings stand.
+        theirs, ours = _calibration_settings(existing), _calibration_settings(desired)
+        if theirs is not None and ours is not None and theirs != ours:
+            differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+            return (f"the shared calibration {desired['metadata']['name']!r} runs with other settings "
+                    f"({', '.join(differ)}): runs that share it must agree on spec.algorithm's debiasing and denoising")
+    return None
+
+
+def _calibration_settings(deployment: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The calibration service's settings (its WMRL_CALIBRATION_CONFIG) in a Deployment, if any."""
+    for container in deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        for env in container.get("env") or []:
+            if env.get("name") == "WMRL_CALIBRATION_CONFIG" and env.get("value"):
+                return json.loads(env["value"])
     return None
 
 

@@ -474,7 +474,12 @@ def test_an_object_of_another_run_or_a_shared_calibration_is_a_conflict_naming_i
     shared = by_kind_name(b.calibration_objects(other, spec(calibration={"name": "alpha-calibration"})))
     why = b.ownership_conflict(own, alphas, shared[("Deployment", "alpha-calibration")])
     assert "shared calibration 'alpha-calibration'" in why
-    # Runs sharing one calibration by name are not in conflict.
-    again = b.calibration_objects(own, spec(calibration={"name": "team"}))
-    assert all(b.ownership_conflict(own, o, o) is None
-               for o in b.calibration_objects(other, spec(calibration={"name": "team"})) for o in again)
+    # Runs sharing one calibration by name are not in conflict, as long as they agree on its settings.
+    first = by_kind_name(b.calibration_objects(other, spec(calibration={"name": "team"})))
+    second = by_kind_name(b.calibration_objects(own, spec(calibration={"name": "team"})))
+    for key, obj in second.items():
+        assert b.ownership_conflict(own, obj, first[key]) is None, key
+    stricter = by_kind_name(b.calibration_objects(own, spec(calibration={"name": "team"},
+                                                           algorithm={"denoising": {"maxWeight": 2.0}})))
+    why = b.ownership_conflict(own, stricter[("Deployment", "team")], first[("Deployment", "team")])
+    assert "runs with other settings" in why and "must agree" in why  # never last-writer-wins
