@@ -812,7 +812,8 @@ def _bwrap_prefix(bwrap: str, workdir: Path, work_root: str, python: str, limits
 
 
 def _namespace_init(info_fd: int, timeout: float = 10.0) -> Optional[int]:
-    """The PID namespace's first process (host pid) from bwrap's info pipe; None if bwrap ended first."""
+    """A pidfd of the PID namespace's first process (its host pid read from bwrap's info pipe), taken
+    while bwrap still waits on it, so it can never point at a reused pid; None if bwrap ended first."""
     import json
 
     data = b""
@@ -825,29 +826,29 @@ def _namespace_init(info_fd: int, timeout: float = 10.0) -> Optional[int]:
                 break
             data += chunk
             try:
-                return int(json.loads(data)["child-pid"])
+                pid = int(json.loads(data)["child-pid"])
             except (ValueError, KeyError):
                 continue
+            try:
+                return os.pidfd_open(pid)
+            except ProcessLookupError:  # already gone, and its namespace with it
+                return None
     return None
 
 
-def _end_namespace(init_pid: int, deadline_s: float = 5.0) -> None:
-    """Kill a PID namespace's first process, which takes every process of the namespace with it,
-    and wait until it is gone (reaping it once it is re-parented to this server)."""
-    start_time = (_stat_fields(init_pid) or [None] * 20)[19]
+def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
+    """Kill a PID namespace's first process (through its pidfd), which takes every process of the
+    namespace with it, and wait until it has exited (the kernel has then ended every process in
+    the namespace); a zombie left re-parented to this server is reaped."""
     try:
-        os.kill(init_pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return
-    end = time.monotonic() + deadline_s
-    while True:
-        fields = _stat_fields(init_pid)
-        if fields is None or fields[19] != start_time:
-            return
-        _reap_orphans()
-        if time.monotonic() > end:
-            raise RuntimeError(f"the execution's PID namespace (first process {init_pid}) did not end")
-        time.sleep(0.002)
+        signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+    except ProcessLookupError:  # exited already
+        pass
+    with selectors.DefaultSelector() as sel:  # a pidfd is readable once its process has exited
+        sel.register(init_fd, selectors.EVENT_READ)
+        if not sel.select(deadline_s):
+            raise RuntimeError("the execution's PID namespace did not end")
+    _reap_orphans()
 
 
 def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], isolation: Isolation,
@@ -865,7 +866,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
     exec_dir = Path(tempfile.mkdtemp(prefix="x-", dir=work_root))
     workdir = exec_dir / WORK_SUBDIR
     proc = None
-    ns_fd = None
+    ns_fd = info_read = init_fd = None  # root mode's mount namespace; bwrap's info pipe and PID namespace
     start = time.monotonic()
     try:
         _prepare(exec_dir, workdir, request, uid)
@@ -873,13 +874,13 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         # Root mode with a mount namespace: the child hands over a handle on it (see _make_preexec).
         want_ns = uid is not None and isolation.mount_namespace and bool(request.fetch_files)
         ns_parent, ns_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) if want_ns else (None, None)
-        filter_read = info_read = info_write = init_pid = None
+        filter_read = info_write = None
         try:
             # -E -s instead of -I: -I also implies -P, which keeps the program's directory off sys.path.
             command = [python, "-E", "-s", "-B", str(workdir / SCRIPT_NAME)]
             if uid is None and isolation.bwrap:
                 filter_read = _filter_pipe()
-                info_read, info_write = os.pipe()
+                info_read, info_write = os.pipe()  # closed in the outer finally, whatever fails
                 command = _bwrap_prefix(isolation.bwrap, workdir, work_root, python, limits, filter_read,
                                         info_write) + command
             start = time.monotonic()
@@ -890,6 +891,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                 preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
                                          ns_sock=ns_child),
             )
+            _active_mains.add(proc.pid)  # ours to reap: another execution's orphan reaper leaves it alone
             if ns_parent is not None:
                 ns_child.close()
                 ns_parent.settimeout(5.0)
@@ -905,11 +907,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                 if fd is not None:
                     os.close(fd)
         if info_read is not None:
-            try:
-                init_pid = _namespace_init(info_read)
-            finally:
-                os.close(info_read)
-        _active_mains.add(proc.pid)
+            init_fd = _namespace_init(info_read)
         stdin = request.stdin.encode() if request.stdin else b""
         if not stdin:
             proc.stdin.close()
@@ -918,8 +916,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         # The execution ends with its main process: whatever it left behind dies now, which
         # also closes any pipe a daemonized grandchild kept open.
         killed = kill_everything(proc.pid, uid, marker)
-        if init_pid is not None:
-            _end_namespace(init_pid)
+        if init_fd is not None:
+            _end_namespace(init_fd)
         return_code = proc.wait()
         _pump(proc, b"", time.monotonic() + 5.0, out, err, until_eof=True)
         if not request.fetch_files:
@@ -946,13 +944,15 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         return ExecutionResult(status="Error", execution_time=time.monotonic() - start, return_code=None,
                                stdout="", stderr=f"sandbox error: {type(exc).__name__}: {exc}")
     finally:
+        if info_read is not None:
+            os.close(info_read)
         if ns_fd is not None:
             os.close(ns_fd)
         if proc is not None:
             if proc.returncode is None:
                 kill_everything(proc.pid, uid, marker)
-                if init_pid is not None:
-                    _end_namespace(init_pid)
+                if init_fd is not None:
+                    _end_namespace(init_fd)
                 proc.wait()
             _active_mains.discard(proc.pid)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
@@ -961,6 +961,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                         stream.close()
                     except OSError:
                         pass
+        if init_fd is not None:
+            os.close(init_fd)
         _remove(exec_dir)
 
 

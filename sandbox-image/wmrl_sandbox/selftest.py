@@ -52,7 +52,7 @@ try:
     out["see_other_executions"] = False
 except OSError:
     out["see_other_executions"] = True
-out["see_planted_files"] = not any(os.path.exists(p) for p in planted)
+out["see_planted_files"] = bool(planted) and not any(os.path.exists(p) for p in planted)  # nothing planted: unknown
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
 out["capabilities"] = int(status.get("CapEff", "1").strip(), 16) == 0
 out["no_new_privs"] = status.get("NoNewPrivs", "0").strip() == "1"
