@@ -86,11 +86,12 @@ def write_config(root: Path, name: str, policy: Path, sandbox_url: str, mode: st
     return path
 
 
-def launch(config: Path, *flags: str, train_args: tuple[str, ...] = ()) -> subprocess.Popen:
+def launch(config: Path, *flags: str, train_args: tuple[str, ...] = (),
+           world_model: str = "wmrl_scripted:factory") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "wmrl.cli", "launch", "--config", str(config), *flags, "--",
-           "--world-model", "wmrl_scripted:factory", *train_args]
+           "--world-model", world_model, *train_args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -284,3 +285,32 @@ def test_two_launchers_on_one_machine_train_as_two_nodes(setup):
     assert summary(out0)["finished"]
     assert '{"event": "summary"' not in out1  # progress and the summary come from rank 0 only
     check_rows(rollouts(root / "nodes", ranks=2), ranks=2)
+
+
+def test_a_failure_on_rank_0_stops_every_node_at_once(setup):
+    """Rank 0 grades for everyone: when grading fails there, the other node learns it at once
+    (instead of waiting in a collective for the process group's timeout)."""
+    root, policy, url = setup
+    config = write_config(root, "failing", policy, url, steps=3)
+    common = ("--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+              str(free_port()))
+    nodes = [launch(config, *common, "--node-rank", str(rank), world_model="wmrl_scripted:failing_factory")
+             for rank in (0, 1)]
+    outs = [proc.communicate(timeout=180)[0] for proc in nodes]
+    assert all(proc.returncode != 0 for proc in nodes), [o[-3000:] for o in outs]
+    assert "world model down" in outs[0]
+    assert "rank 0 failed: RuntimeError: world model down" in outs[1], outs[1][-3000:]
+
+
+def test_the_launcher_refuses_zero_processes_and_a_rank_outside_the_nodes(setup, capsys):
+    import argparse
+
+    from wmrl_trainer import launch as launcher
+
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    for flags, message in ((["--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
+                           (["--nnodes", "2", "--node-rank", "2", "--master-addr", "a"], "node rank 2 is not one of 2")):
+        args = parser.parse_args(["--config", "x.yaml", *flags])
+        with pytest.raises(ValueError, match=message):
+            launcher.command(args, gpus_per_node=0, nodes=1, env={})

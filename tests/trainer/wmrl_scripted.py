@@ -124,3 +124,17 @@ def make_tasks(n: int = 3) -> list[Task]:
 def factory(spec, runtime) -> ScriptedWorldModel:
     """For ``wmrl train --world-model wmrl_scripted:factory`` (subprocess tests)."""
     return ScriptedWorldModel(noise=0.1)
+
+
+class FailingWorldModel(ScriptedWorldModel):
+    """Grades the first batch, then raises: a world-model server gone mid-run."""
+
+    def grade(self, items: list[tuple]) -> list[Optional[Outcome]]:
+        if self.calls >= 1:
+            raise RuntimeError("world model down")
+        return super().grade(items)
+
+
+def failing_factory(spec, runtime) -> FailingWorldModel:
+    """For ``wmrl train --world-model wmrl_scripted:failing_factory``."""
+    return FailingWorldModel(noise=0.1)

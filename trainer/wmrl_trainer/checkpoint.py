@@ -82,9 +82,7 @@ def write_checkpoint(root: str | Path, step: int, write: Callable[[Path], None],
     write(tmp)
     world.barrier()
     final = base / checkpoint_name(step)
-    if world.is_main:
-        _complete(base, tmp, final, step, keep)
-    world.barrier()
+    world.share(lambda: _complete(base, tmp, final, step, keep))  # rank 0 completes; all learn how it went
     return final
 
 

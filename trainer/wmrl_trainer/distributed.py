@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -66,6 +66,23 @@ class World:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def share(self, compute: Callable[[], T]) -> T:
+        """Rank 0's ``compute()`` on every rank. When it raises there, every rank raises too (a
+        RuntimeError naming it) instead of waiting for a result that never comes."""
+        if self.size == 1:
+            return compute()
+        if self.is_main:
+            try:
+                value = compute()
+            except BaseException as exc:
+                self.broadcast(_Failure(f"{type(exc).__name__}: {exc}"))
+                raise
+            return self.broadcast(value)
+        value = self.broadcast(None)
+        if isinstance(value, _Failure):
+            raise RuntimeError(f"rank 0 failed: {value.message}")
+        return value
+
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on any."""
         return any(self.gather([bool(flag)]))
@@ -77,3 +94,8 @@ class World:
     def rows(self, local_rows: int) -> slice:
         """This rank's rows of the global batch when every rank holds ``local_rows`` (TRL's split)."""
         return slice(self.rank * local_rows, (self.rank + 1) * local_rows)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    message: str

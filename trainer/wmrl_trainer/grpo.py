@@ -219,8 +219,16 @@ class WMRLGRPOTrainer(GRPOTrainer):
         """Start grading the whole generation batch (every rank's rows) on rank 0."""
         texts, names = self.world.gather(texts), self.world.gather(names)
         if self.world.is_main:
-            self._pending = self.wmrl_step.submit(self.state.global_step, *self._groups(texts, names))
+            try:
+                self._pending = self.wmrl_step.submit(self.state.global_step, *self._groups(texts, names))
+            except Exception as exc:  # raised where every rank learns of it (wmrl_reward's share)
+                self._pending = exc
         self._submitted = True
+
+    def _score_pending(self) -> Scored:
+        if isinstance(self._pending, Exception):
+            raise self._pending
+        return self.wmrl_step.score(self._pending)
 
     def wmrl_reward(self, prompts: list, completions: list, **kwargs: Any) -> list[Optional[float]]:
         """TRL reward function: the WMRL step's reward per row of this rank, ``None`` where ungraded."""
@@ -229,7 +237,7 @@ class WMRLGRPOTrainer(GRPOTrainer):
         else:
             if not self._submitted:  # called outside training (TRL eval): grade now
                 self._submit([completion_text(c) for c in completions], list(kwargs["task"]))
-            scored = self.world.broadcast(self.wmrl_step.score(self._pending) if self.world.is_main else None)
+            scored = self.world.share(self._score_pending)
         scored.record.generation = self.last_generation_seconds
         self.last_scored, self._pending, self._submitted = scored, None, False
         rewards = scored.rewards.reshape(-1)[self.world.rows(len(completions))]
@@ -278,11 +286,15 @@ class WMRLGRPOTrainer(GRPOTrainer):
         world = self.world
         names = world.gather(self._batch_tasks)
         offset = world.rows(len(prompts)).start
-        batch = keys = None
-        if world.is_main:
-            batch = self.wmrl_step.begin_trajectories(self.state.global_step, self._group_tasks(names),
-                                                      self.num_generations)
-            keys = batch.keys()
+        trajectories: dict[str, Any] = {}
+
+        def begin() -> None:
+            trajectories["batch"] = self.wmrl_step.begin_trajectories(self.state.global_step,
+                                                                      self._group_tasks(names), self.num_generations)
+
+        world.share(begin)
+        batch = trajectories.get("batch")
+        keys = batch.keys() if batch is not None else None
         prompt_ids = self._tokenize_prompts(prompts)[0]
         completion: list[list[int]] = [[] for _ in prompts]
         env_mask: list[list[int]] = [[] for _ in prompts]
@@ -292,9 +304,13 @@ class WMRLGRPOTrainer(GRPOTrainer):
         generation = 0.0
         for turn in range(self.max_turns):
             active = [r for r in range(len(prompts)) if not done[r]]
-            if not world.any(bool(active)):
+            width = max(world.gather([len(active)]))
+            if not width:
                 break
-            inputs = [list(prompt_ids[r]) + completion[r] for r in active] or [list(prompt_ids[0])]
+            # Every rank generates the same number of rows (TRL's vLLM paths slice the gathered
+            # prompts by rank, assuming equal counts), padded with throw-away copies of a prompt.
+            inputs = [list(prompt_ids[r]) + completion[r] for r in active]
+            inputs += [list(prompt_ids[0])] * (width - len(inputs))
             started = time.perf_counter()
             new_ids, new_logprobs = self._generate_single_turn(inputs, None, {}, num_generations=1)
             generation += time.perf_counter() - started
@@ -319,13 +335,16 @@ class WMRLGRPOTrainer(GRPOTrainer):
             for r, code in zip(active, codes):
                 self._local_codes[r].append(code)
             graded = world.gather([(offset + r, code) for r, code in zip(active, codes)])
-            state: dict[int, tuple[bool, str]] = {}
-            if world.is_main:
+
+            def grade() -> dict[int, tuple[bool, str]]:
                 self.wmrl_step.grade_turn(batch, [keys[g] for g, _ in graded], [code for _, code in graded])
+                found = {}
                 for g, _ in graded:
                     trajectory = batch.get(keys[g])
-                    state[g] = (trajectory.done, "" if trajectory.done else trajectory.turns[-1].observation)
-            state = world.broadcast(state)
+                    found[g] = (trajectory.done, "" if trajectory.done else trajectory.turns[-1].observation)
+                return found
+
+            state = world.share(grade)
             ends: list[tuple[int, str]] = []
             for r in active:
                 finished, observation_text = state[offset + r]
@@ -352,11 +371,14 @@ class WMRLGRPOTrainer(GRPOTrainer):
                 for g, reason in ends:
                     batch.get(keys[g]).end(reason)
         self.last_generation_seconds = generation
-        scored = None
-        if world.is_main:
-            scored = self.wmrl_step.finish_trajectories(batch)
+        finished: dict[str, Scored] = {}
+
+        def finish() -> Scored:
+            finished["scored"] = scored = self.wmrl_step.finish_trajectories(batch)
             scored.record.turns = batch.summary()
-        shared = world.broadcast(dataclasses.replace(scored, trajectories=None) if scored is not None else None)
-        self._pending = scored if world.is_main else shared  # the trajectories themselves stay on rank 0
+            return dataclasses.replace(scored, trajectories=None)  # the trajectories stay on rank 0
+
+        shared = world.share(finish)
+        self._pending = finished.get("scored", shared)
         return {"prompt_ids": [list(p) for p in prompt_ids], "completion_ids": completion, "logprobs": logprobs,
                 "env_mask": env_mask}

@@ -13,7 +13,9 @@ Every flag overrides what the config and environment say (run two launchers on o
 with ``--nnodes 2 --node-rank 0/1 --master-addr 127.0.0.1`` to try several nodes locally, or
 ``--nproc-per-node 2`` for two CPU processes). Options after ``--`` go to ``wmrl train``.
 A failed process fails the launcher (exit 1), so the Pod fails and the operator restarts the
-Job from the last checkpoint, within ``spec.failurePolicy.maxRestarts``.
+Job from the last checkpoint, within ``spec.failurePolicy.maxRestarts``. torchrun passes SIGTERM
+on to the processes (each checkpoints after its current step) but kills them after its own
+shutdown timeout and exits 1: the restart then resumes from the last complete checkpoint.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def command(args: argparse.Namespace, gpus_per_node: int, nodes: int,
             env: Optional[dict[str, str]] = None) -> list[str]:
     """The command this launcher runs: ``wmrl train`` itself for one process in all, else torchrun."""
     env = os.environ if env is None else env
-    nproc = _positive("--nproc-per-node", args.nproc_per_node or max(1, gpus_per_node))
-    nnodes = _positive("--nnodes", args.nnodes or nodes)
+    nproc = _positive("--nproc-per-node", args.nproc_per_node if args.nproc_per_node is not None
+                      else max(1, gpus_per_node))
+    nnodes = _positive("--nnodes", args.nnodes if args.nnodes is not None else nodes)
     node_rank = args.node_rank if args.node_rank is not None else int(env.get("JOB_COMPLETION_INDEX") or 0)
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"node rank {node_rank} is not one of {nnodes} nodes")

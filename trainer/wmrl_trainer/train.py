@@ -393,8 +393,7 @@ class WMRLTrainer:
 
         latest = self.world.broadcast(latest_checkpoint(self.checkpoint_root))  # rank 0's view of the shared volume
         if latest is not None:
-            if self.world.is_main:
-                self._load_wmrl_state(latest)
+            self.world.share(lambda: self._load_wmrl_state(latest))  # rank 0's step state
             self.resumed_from = int(json.loads((latest / "COMPLETE").read_text())["step"])
             log.info("resuming from %s (step %d)", latest, self.resumed_from)
         self.grpo.train(resume_from_checkpoint=str(latest) if latest is not None else None)
@@ -404,28 +403,31 @@ class WMRLTrainer:
         scored = self.grpo.last_scored
         state = self.grpo.state
         now = time.perf_counter()
-        if scored is not None and self.world.is_main:  # progress comes from rank 0 only
-            record = scored.record
-            record.total = now - self._step_started
-            record.update = max(0.0, record.total - record.generation - record.world_model - record.execution
-                                - record.calibration)
-            record.entropy = self.grpo.step_metric("entropy")
-            record.truncated_share = self.grpo.step_metric("completions/clipped_ratio")
-            record.mean_completion_tokens = self.grpo.step_metric("completions/mean_length")
-            change = self.health.check(record)
-            if change is not None:
-                log.warning("%s", change)
-            self.records.append(record)
-            self.reporter.report(record)
-            print(json.dumps({"event": "step", **record.to_json()}, default=float), flush=True)
-            for callback in self.callbacks:
-                callback(record)
+        if scored is not None:  # progress comes from rank 0 only; its failure stops every rank
+            self.world.share(lambda: self._report(scored.record, now))
         stopping = self.world.any(self.stop_requested.is_set())  # every rank stops at the same step
         if stopping or state.global_step % self.interval == 0 or state.global_step >= state.max_steps:
             self.save_checkpoint()
         if stopping:
             control.should_training_stop = True
         self._step_started = time.perf_counter()
+
+    def _report(self, record: Any, now: float) -> None:
+        """Finish the step's record and hand it to the reporter, the log and the callbacks (rank 0)."""
+        record.total = now - self._step_started
+        record.update = max(0.0, record.total - record.generation - record.world_model - record.execution
+                            - record.calibration)
+        record.entropy = self.grpo.step_metric("entropy")
+        record.truncated_share = self.grpo.step_metric("completions/clipped_ratio")
+        record.mean_completion_tokens = self.grpo.step_metric("completions/mean_length")
+        change = self.health.check(record)
+        if change is not None:
+            log.warning("%s", change)
+        self.records.append(record)
+        self.reporter.report(record)
+        print(json.dumps({"event": "step", **record.to_json()}, default=float), flush=True)
+        for callback in self.callbacks:
+            callback(record)
 
     def request_stop(self, *_: Any) -> None:
         """Checkpoint after the current step and stop (the SIGTERM handler)."""
