@@ -9,8 +9,10 @@ tasks' scripts executed by a real sandbox server, and the scripted world model o
    more steps that resumes from the first one's checkpoint (CUDA RNG state included);
 2. ``one-gpu-multiturn``: the same with two turns per trajectory;
 3. ``two-nodes-ddp``: two launchers as two nodes on this machine's one GPU (both ranks on
-   cuda:0; gloo, since NCCL refuses two ranks on one device), DDP;
-4. ``two-nodes-fsdp``: the same with ``spec.trainer.strategy: fsdp`` (FSDP2 over gloo).
+   cuda:0; gloo, since NCCL refuses two ranks on one device), DDP, then a relaunch one step
+   longer that resumes from their shared checkpoint;
+4. ``two-nodes-fsdp``: the same with ``spec.trainer.strategy: fsdp`` (FSDP2 over gloo, sharded
+   checkpoints).
 
 Writes one JSON document (``--out``): per case its exit codes, seconds, summary and checks.
 Exit 0 when every case passes.
@@ -150,8 +152,15 @@ def main() -> int:
                 common = ("--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port)
                 procs = [launch(config, logs, *common, "--node-rank", str(rank), env=gloo) for rank in (0, 1)]
                 codes, outs, seconds = run_case(case, procs, args.timeout)
-                summary = summary_of(outs[0])
-                checks["exit 0"] = codes == [0, 0]
+                # The same run, one step longer: both ranks resume from the shared checkpoint.
+                again = write_config(work, case, policy, server.url, steps=3, nodes=2, strategy=strategy)
+                common = common[:-1] + (str(free_port()),)
+                procs = [launch(again, logs, *common, "--node-rank", str(rank), env=gloo) for rank in (0, 1)]
+                codes2, outs2, seconds2 = run_case(case, procs, args.timeout)
+                codes, outs, seconds = codes + codes2, outs + outs2, seconds + seconds2
+                summary = summary_of(outs[2])
+                checks["resumed at step 2"] = bool(summary) and summary["resumedFrom"] == 2 and summary["finished"]
+                checks["exit 0"] = codes == [0, 0, 0, 0]
                 checks["device"] = bool(summary) and summary["device"].split(":")[0] == args.device
                 checks["two processes"] = bool(summary) and summary["processes"] == 2
                 checks["strategy"] = bool(summary) and summary["strategy"] == strategy

@@ -133,9 +133,10 @@ def strategy_options(strategy: str, use_cuda: bool) -> dict[str, Any]:
     """TrainingArguments for ``spec.trainer.strategy`` (DDP needs none: accelerate wraps the model when
     there are several processes)."""
     if strategy == "fsdp":
+        # Checkpoints stay sharded (each rank writes its own shard): no rank gathers the whole policy.
         return {"fsdp": "full_shard auto_wrap",
                 "fsdp_config": {"version": 2, "reshard_after_forward": True, "activation_checkpointing": use_cuda,
-                                "state_dict_type": "FULL_STATE_DICT"}}
+                                "state_dict_type": "SHARDED_STATE_DICT"}}
     return {}
 
 
