@@ -314,6 +314,31 @@ def trainer_rbac(run: Run) -> list[dict[str, Any]]:
     ]
 
 
+def _scratch() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(volume, mount) of the writable scratch directories the trainer image needs on a read-only root."""
+    return [({"name": name, "emptyDir": {}}, {"name": name, "mountPath": path})
+            for name, path in (("tmp", TRAINER_TMP), ("home", TRAINER_HOME), ("cache", TRAINER_CACHE))]
+
+
+def _place_on_trainer_nodes(pod_spec: dict[str, Any], trainer: Any) -> None:
+    """The trainer's node selector and tolerations (its GPU nodes), for the Pods that share them."""
+    if trainer.node_selector:
+        pod_spec["nodeSelector"] = dict(trainer.node_selector)
+    if trainer.tolerations:
+        pod_spec["tolerations"] = [tol.to_wire() for tol in trainer.tolerations]
+
+
+def _deployment(run: Run, name: str, component: str, replicas: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    pod_labels = labels(run, component)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(run, name, component),
+        "spec": {"replicas": replicas, "selector": {"matchLabels": pod_labels},
+                 "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec}},
+    }
+
+
 def _trainer_volumes(run: Run, spec: WMRLRunSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     ckpt = spec.trainer.checkpoint
     volumes: list[dict[str, Any]] = [
@@ -334,10 +359,7 @@ def _trainer_volumes(run: Run, spec: WMRLRunSpec) -> tuple[list[dict[str, Any]],
     # checkpoint volume already occupies (checkpoint.path: /tmp, say) is left to that volume.
     taken = {posixpath.normpath(m["mountPath"]) for m in mounts}
     shm_volume, shm_mount = _shm_volume(spec.trainer.gpus_per_node)
-    scratch = [(shm_volume, shm_mount)] + [
-        ({"name": name, "emptyDir": {}}, {"name": name, "mountPath": path})
-        for name, path in (("tmp", TRAINER_TMP), ("home", TRAINER_HOME), ("cache", TRAINER_CACHE))]
-    for volume, mount in scratch:
+    for volume, mount in [(shm_volume, shm_mount)] + _scratch():
         if posixpath.normpath(mount["mountPath"]) not in taken:
             volumes.append(volume)
             mounts.append(mount)
@@ -386,10 +408,7 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
         "containers": [container],
         "volumes": volumes,
     }
-    if t.node_selector:
-        pod_spec["nodeSelector"] = dict(t.node_selector)
-    if t.tolerations:
-        pod_spec["tolerations"] = [tol.to_wire() for tol in t.tolerations]
+    _place_on_trainer_nodes(pod_spec, t)
     if t.nodes > 1:
         pod_spec["subdomain"] = name
     job_spec: dict[str, Any] = {
@@ -418,7 +437,6 @@ def trainer_service(run: Run) -> dict[str, Any]:
 
 def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
     s = spec.sandbox
-    pod_labels = labels(run, "sandbox")
     pod_sec, container_sec = _hardened_security()
     namespaces = s.isolation == "namespaces"
     if namespaces:
@@ -458,13 +476,7 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
     }
     if s.runtime_class_name:
         pod_spec["runtimeClassName"] = s.runtime_class_name
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(run, sandbox_name(run), "sandbox"),
-        "spec": {"replicas": replicas, "selector": {"matchLabels": pod_labels},
-                 "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec}},
-    }
+    return _deployment(run, sandbox_name(run), "sandbox", replicas, pod_spec)
 
 
 def sandbox_service(run: Run) -> dict[str, Any]:
@@ -511,7 +523,6 @@ def sandbox_network_policy(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
 def world_model_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
     wm = spec.world_model
     model = wm.model or spec.policy.model
-    pod_labels = labels(run, "world-model")
     args = ["--model", model, "--served-model-name", model, "--host", "0.0.0.0", "--port", str(WORLD_MODEL_PORT)]
     if wm.gpus_per_replica > 1:
         args += ["--tensor-parallel-size", str(wm.gpus_per_replica)]
@@ -532,13 +543,7 @@ def world_model_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options(
     replicas = 0 if (opts.suspended or opts.finished) else wm.replicas
     pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "securityContext": pod_sec,
                                 "containers": [container], "volumes": [shm_volume]}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(run, world_model_name(run), "world-model"),
-        "spec": {"replicas": replicas, "selector": {"matchLabels": pod_labels},
-                 "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec}},
-    }
+    return _deployment(run, world_model_name(run), "world-model", replicas, pod_spec)
 
 
 def rollout_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
@@ -546,11 +551,9 @@ def rollout_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
     trainer's rank 0 sends it prompts and, after each step, the new weights (an NCCL group on
     ``ROLLOUT_GROUP_PORT``); it shards the policy over ``vllmTensorParallelSize`` GPUs."""
     p, t = spec.policy, spec.trainer
-    pod_labels = labels(run, "rollout")
     pod_sec, container_sec = _hardened_security()
     shm_volume, shm_mount = _shm_volume(p.vllm_tensor_parallel_size)
-    scratch = [({"name": name, "emptyDir": {}}, {"name": name, "mountPath": path})
-               for name, path in (("tmp", TRAINER_TMP), ("home", TRAINER_HOME), ("cache", TRAINER_CACHE))]
+    scratch = _scratch()
     container: dict[str, Any] = {
         "name": "vllm",
         "image": t.image,
@@ -568,18 +571,9 @@ def rollout_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         container["resources"] = res
     pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "securityContext": pod_sec,
                                 "containers": [container], "volumes": [shm_volume] + [v for v, _ in scratch]}
-    if t.node_selector:
-        pod_spec["nodeSelector"] = dict(t.node_selector)
-    if t.tolerations:
-        pod_spec["tolerations"] = [tol.to_wire() for tol in t.tolerations]
+    _place_on_trainer_nodes(pod_spec, t)
     replicas = 0 if (opts.suspended or opts.finished) else 1
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(run, rollout_name(run), "rollout"),
-        "spec": {"replicas": replicas, "selector": {"matchLabels": pod_labels},
-                 "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec}},
-    }
+    return _deployment(run, rollout_name(run), "rollout", replicas, pod_spec)
 
 
 def rollout_service(run: Run) -> dict[str, Any]:
