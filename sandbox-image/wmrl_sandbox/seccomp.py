@@ -73,6 +73,12 @@ def supported(machine: str | None = None) -> bool:
     return (machine or platform.machine()) in _ARCHES
 
 
+def syscall_numbers(machine: str | None = None) -> dict[str, int]:
+    """The numbers of the system calls the filter knows, on ``machine`` (empty where unsupported)."""
+    arch = _ARCHES.get(machine or platform.machine())
+    return dict(arch[2]) if arch else {}
+
+
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("HBBI", code, jt, jf, k)
 

@@ -28,13 +28,15 @@ import sys
 import tempfile
 from typing import Callable
 
+from wmrl_sandbox import seccomp
+
 LAYERS = ("signal_server", "reach_server", "see_other_executions", "see_planted_files", "capabilities",
           "no_new_privs", "seccomp", "user_namespaces")
 PLANTED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 PROBE = r'''
 import ctypes, errno, json, os, socket, sys
-server_pid, port, secret, planted = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+server_pid, port, secret, numbers, planted = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), sys.argv[5:]
 libc = ctypes.CDLL(None, use_errno=True)
 out = {}
 try:
@@ -56,11 +58,10 @@ out["see_planted_files"] = bool(planted) and not any(os.path.exists(p) for p in 
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
 out["capabilities"] = int(status.get("CapEff", "1").strip(), 16) == 0
 out["no_new_privs"] = status.get("NoNewPrivs", "0").strip() == "1"
-numbers = {"x86_64": (101, 321, 425, 250), "aarch64": (117, 280, 425, 219)}.get(os.uname().machine)
-def refused(nr, *args):
-    return libc.syscall(nr, *args) == -1 and ctypes.get_errno() == errno.EPERM
-out["seccomp"] = bool(numbers) and refused(numbers[0], 0, 0, 0, 0) and refused(numbers[1], 0, 0, 0) and \
-    refused(numbers[2], 1, 0) and refused(numbers[3], 0, 0)
+def refused(name, *args):
+    return libc.syscall(numbers[name], *args) == -1 and ctypes.get_errno() == errno.EPERM
+out["seccomp"] = bool(numbers) and refused("ptrace", 0, 0, 0, 0) and refused("bpf", 0, 0, 0) and \
+    refused("io_uring_setup", 1, 0) and refused("keyctl", 0, 0)
 out["user_namespaces"] = libc.unshare(0x10000000) != 0
 print(json.dumps(out))
 '''
@@ -94,7 +95,8 @@ def run(execute: Callable[[str, list[str]], tuple[str, str]], work_root: str) ->
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     try:
-        stdout, stderr = execute(PROBE, [str(os.getpid()), str(listener.getsockname()[1]), secret, *planted])
+        stdout, stderr = execute(PROBE, [str(os.getpid()), str(listener.getsockname()[1]), secret,
+                                         json.dumps(seccomp.syscall_numbers()), *planted])
         try:
             found = json.loads(stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):

@@ -50,9 +50,9 @@ Several processes (``wmrl launch``, one per GPU): each generates its slice of th
 batch (TRL's split), rank 0 grades the whole batch once and every rank gets the same
 :class:`~wmrl_trainer.loop.Scored` (:mod:`wmrl_trainer.distributed`), so advantages are
 identical everywhere and each rank keeps its own rows. Multi-turn rollouts exchange each
-turn's scripts and observations the same way; every rank runs the same number of turns
-(a rank with no open trajectory generates one throw-away row), since generation under FSDP
-is collective.
+turn's scripts and observations the same way; every rank runs the same number of turns and
+generates the same number of rows in each (padded with throw-away rows), since generation under
+FSDP is collective and TRL's vLLM paths slice the gathered prompts by rank.
 """
 
 from __future__ import annotations
