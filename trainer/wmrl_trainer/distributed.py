@@ -87,6 +87,14 @@ class World:
         """True on every rank when ``flag`` is true on any."""
         return any(self.gather([bool(flag)]))
 
+    def close(self) -> None:
+        """End the process group once every rank is done (left to interpreter exit, gloo's threads
+        sometimes abort the process after training finished: a finished run exiting non-zero)."""
+        if self.size > 1:
+            dist = self._group()
+            dist.barrier()
+            dist.destroy_process_group()
+
     def barrier(self) -> None:
         if self.size > 1:
             self._group().barrier()

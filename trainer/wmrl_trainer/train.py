@@ -676,6 +676,7 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, trainer.request_stop)
     try:
         summary = trainer.train()
+        trainer.world.close()  # only after success: a failed rank never reaches the barrier
     finally:
         trainer.close()
     text = json.dumps({"event": "summary", **summary}, default=float)
