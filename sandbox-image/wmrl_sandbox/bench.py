@@ -6,9 +6,15 @@
   load. Reports p50/p95 of each, their ratio and the p50 overhead in milliseconds.
 * Throughput: a fixed batch of small CPU-bound executions through a SandboxDispatcher over
   1, 2 and 4 local servers (one slot each); executions per second and the speedup over one.
+* Warm against cold (root mode): a program that imports scikit-learn and fits a small model,
+  on a server whose slot forks it from a warm fork server (:mod:`wmrl_sandbox.warm`) and on one
+  started with ``--no-warm``, interleaved: p50/p95 latency of each; then the same program's
+  throughput through a dispatcher over ``--warm-servers`` servers of each kind.
 
-Figures are reported, not asserted (goals: p50 overhead < 30 ms; throughput scales with
-servers up to the core count).
+The overhead figures are measured on cold servers (a new interpreter per execution, the path
+the bare interpreter is compared with). Figures are reported, not asserted (goals: p50
+overhead < 30 ms; throughput scales with servers up to the core count; warm p50 under 100 ms
+and at least 5x the cold throughput).
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
 from wmrl_sandbox.local import LocalServer
 
 WORK = "s = 0\nfor i in range(400000):\n    s += i\n"
+FIT = ("from sklearn.datasets import load_iris\nfrom sklearn.linear_model import LogisticRegression\n"
+       "X, y = load_iris(return_X_y=True)\nprint(LogisticRegression(max_iter=500).fit(X, y).score(X, y))\n")
+"""The warm/cold program: imports scikit-learn, fits a small model."""
+COLD = ("--no-warm",)
 
 
 def _percentiles(samples: list[float]) -> dict:
@@ -39,7 +49,7 @@ def _percentiles(samples: list[float]) -> dict:
 def measure_overhead(iterations: int, python: str = sys.executable) -> dict:
     """Interleaved: bare ``python -c pass``, bare ``python -E -s -B -c pass`` (the sandbox's flags), served."""
     bare, bare_isolated, served, outside = [], [], [], []
-    with LocalServer(slots=1) as server, httpx.Client(timeout=60) as client:
+    with LocalServer(slots=1, args=COLD) as server, httpx.Client(timeout=60) as client:
         body = {"code": "pass", "language": "python", "run_timeout": 10}
         for _ in range(3):  # warm both paths (page cache, connection)
             subprocess.run([python, "-c", "pass"], check=True)
@@ -73,23 +83,58 @@ def measure_overhead(iterations: int, python: str = sys.executable) -> dict:
     }
 
 
+def _batch(count: int, jobs: int, program: str, args: tuple[str, ...] = COLD) -> dict:
+    """``jobs`` executions of ``program`` through a dispatcher over ``count`` one-slot servers."""
+    with ExitStack() as stack:
+        servers = [stack.enter_context(LocalServer(slots=1, args=args)) for _ in range(count)]
+        with SandboxDispatcher(StaticEndpoints([s.url for s in servers]), timeout=120) as dispatcher:
+            dispatcher.run(program).result()  # warm-up
+            t0 = time.perf_counter()
+            results = [f.result() for f in [dispatcher.run(program) for _ in range(jobs)]]
+            elapsed = time.perf_counter() - t0
+    failed = sum(r["status"] != "Success" for r in results)
+    return {"servers": count, "jobs": jobs, "seconds": round(elapsed, 3),
+            "executions_per_s": round(jobs / elapsed, 2), "failed": failed}
+
+
 def measure_throughput(server_counts: list[int], jobs: int) -> list[dict]:
-    rows = []
-    for count in server_counts:
-        with ExitStack() as stack:
-            servers = [stack.enter_context(LocalServer(slots=1)) for _ in range(count)]
-            with SandboxDispatcher(StaticEndpoints([s.url for s in servers]), timeout=60) as dispatcher:
-                dispatcher.run(WORK).result()  # warm-up
-                t0 = time.perf_counter()
-                results = [f.result() for f in [dispatcher.run(WORK) for _ in range(jobs)]]
-                elapsed = time.perf_counter() - t0
-        failed = sum(r["status"] != "Success" for r in results)
-        rows.append({"servers": count, "jobs": jobs, "seconds": round(elapsed, 3),
-                     "executions_per_s": round(jobs / elapsed, 2), "failed": failed})
+    rows = [_batch(count, jobs, WORK) for count in server_counts]
     base = rows[0]["executions_per_s"]
     for row in rows:
         row["speedup"] = round(row["executions_per_s"] / base, 2)
     return rows
+
+
+def measure_warm_against_cold(iterations: int, jobs: int, servers: int) -> dict:
+    """Latency of :data:`FIT` on a warm and a cold server (interleaved), then throughput of each."""
+    warm_s, cold_s, warm_inside, cold_inside = [], [], [], []
+    with LocalServer(slots=1) as warm, LocalServer(slots=1, args=COLD) as cold, httpx.Client(timeout=120) as client:
+        state = warm.healthz()["warm"]
+        if not state["ready"]:
+            return {"skipped": f"no warm start on this server: {state['reason'] or 'its fork server is not ready'}"}
+        body = {"code": FIT, "language": "python", "run_timeout": 60}
+        for _ in range(2):
+            for server in (warm, cold):
+                client.post(f"{server.url}/run_code", json=body).raise_for_status()
+        for _ in range(iterations):
+            for server, total, inside in ((warm, warm_s, warm_inside), (cold, cold_s, cold_inside)):
+                t0 = time.perf_counter()
+                resp = client.post(f"{server.url}/run_code", json=body)
+                total.append(time.perf_counter() - t0)
+                if resp.status_code != 200 or resp.json()["status"] != "Success":
+                    raise RuntimeError(f"benchmark execution failed: {resp.text[:500]}")
+                inside.append(resp.json()["run_result"]["execution_time"])
+    w, c = _percentiles(warm_s), _percentiles(cold_s)
+    warm_rate, cold_rate = _batch(servers, jobs, FIT, ()), _batch(servers, jobs, FIT, COLD)
+    return {
+        "program": "import scikit-learn, load iris, fit LogisticRegression",
+        "warm": w, "cold": c, "warm_execution_time": _percentiles(warm_inside),
+        "cold_execution_time": _percentiles(cold_inside),
+        "latency_ratio_p50": round(c["p50_ms"] / w["p50_ms"], 2),
+        "throughput": {"warm": warm_rate, "cold": cold_rate,
+                       "ratio": round(warm_rate["executions_per_s"] / cold_rate["executions_per_s"], 2)},
+        "fork_server": state,
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +142,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=60, help="overhead samples of each kind")
     parser.add_argument("--jobs", type=int, default=40, help="executions per throughput point")
     parser.add_argument("--servers", default="1,2,4", help="comma-separated server counts")
+    parser.add_argument("--warm-iterations", type=int, default=20, help="latency samples of the warm/cold program")
+    parser.add_argument("--warm-jobs", type=int, default=40, help="executions per warm/cold throughput batch")
+    parser.add_argument("--warm-servers", type=int, default=os.cpu_count() or 1,
+                        help="servers (one slot each) in the warm/cold throughput batches (default: the core count)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -105,8 +154,10 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"wmrl bench sandbox: --servers must be comma-separated integers, got {args.servers!r}", file=sys.stderr)
         return 2
-    if args.iterations < 1 or args.jobs < 1 or not counts or min(counts) < 1:
-        print("wmrl bench sandbox: --iterations, --jobs and --servers must be positive", file=sys.stderr)
+    if (args.iterations < 1 or args.jobs < 1 or not counts or min(counts) < 1 or args.warm_iterations < 1
+            or args.warm_jobs < 1 or args.warm_servers < 1):
+        print("wmrl bench sandbox: --iterations, --jobs, --servers and the --warm-* counts must be positive",
+              file=sys.stderr)
         return 2
     result = {
         "benchmark": "sandbox",
@@ -115,6 +166,7 @@ def main(args: argparse.Namespace) -> int:
         "python": sys.version.split()[0],
         "overhead": measure_overhead(args.iterations),
         "throughput": measure_throughput(counts, args.jobs),
+        "warm_against_cold": measure_warm_against_cold(args.warm_iterations, args.warm_jobs, args.warm_servers),
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -49,7 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import Any, Optional
 
 SCRIPT_NAME = "main.py"
 WORK_SUBDIR = "work"
@@ -208,6 +208,53 @@ def _drop_to(uid: int) -> None:
         d.inheritable = 0
     if _libc.capset(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capset")
+
+
+def closed_ancestor(path: str) -> Optional[str]:
+    """The topmost directory above ``path`` that other uids cannot traverse (no ``o+x``), if any."""
+    parts = PurePosixPath(os.path.abspath(path)).parts
+    for depth in range(2, len(parts)):
+        ancestor = str(PurePosixPath(*parts[:depth]))
+        try:
+            if not os.stat(ancestor).st_mode & stat.S_IXOTH:
+                return ancestor
+        except OSError:
+            return None
+    return None
+
+
+def _reveal(paths: tuple[str, ...], exec_dir: str) -> None:  # pragma: no cover - runs in the child
+    """Mask each closed ancestor of ``paths`` with an empty tmpfs and bind the paths (and the
+    execution's own directory, if it lies there) back at their own places."""
+    masks: dict[str, list[str]] = {}
+    for path in paths:
+        ancestor = closed_ancestor(path)
+        if ancestor is not None:
+            masks.setdefault(ancestor, []).append(path)
+    for ancestor, wanted in masks.items():
+        if exec_dir.startswith(ancestor + "/"):
+            wanted.append(exec_dir)
+        kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in dict.fromkeys(wanted)]
+        _mount("tmpfs", ancestor, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+        for path, fd in kept:
+            os.makedirs(path, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
+            os.close(fd)
+
+
+def _clear_capabilities() -> None:
+    """Empty every capability set of this process (a warm execution has no ``execve`` to do it) and check."""
+    PR_SET_KEEPCAPS = 8
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()  # all zero
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    if _libc.prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS)")
+    with open("/proc/self/status") as fh:
+        held = {k: v.strip() for k, v in (line.split(":", 1) for line in fh) if k in ("CapEff", "CapPrm", "CapInh")}
+    if any(int(v, 16) for v in held.values()):
+        raise RuntimeError(f"capabilities left after clearing them: {held}")
 
 
 def _probe(flags: int) -> bool:
@@ -465,7 +512,7 @@ def interpreter_root(python: str) -> str:
 
 def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits: Limits,
                   memory_mb: int, run_timeout: float, python: str = sys.executable,
-                  ns_sock: Optional[socket.socket] = None):
+                  ns_sock: Optional[socket.socket] = None, warm: bool = False, reveal: tuple[str, ...] = ()):
     """The function run in the forked child before exec (root work first, then dropping to ``uid``).
 
     The private tmpfs over /tmp and friends would also hide the execution's directory and the
@@ -475,6 +522,12 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     With ``ns_sock``, the child sends the server a descriptor of its mount namespace once that is
     set up: it keeps the namespace (and its private /tmp) alive after the execution's last process
     is gone, so ``fetch_files`` can read ``/tmp/...`` as the program saw it.
+
+    ``warm``: called in a fork server's child (:mod:`wmrl_sandbox.warm`), where no ``execve``
+    follows to drop root's capabilities: they are cleared here, and checked, before seccomp.
+    ``reveal``: directories the program must be able to read although an ancestor is closed to
+    its uid (the fork server's interpreter under /root, say): that ancestor is masked by an empty
+    tmpfs in the execution's mount namespace and only these directories are bound back.
     """
     from wmrl_sandbox import seccomp
 
@@ -502,6 +555,7 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
                     os.makedirs(path, exist_ok=True)
                     _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND, None)
                     os.close(fd)
+                _reveal(reveal, exec_dir)
                 if ns_sock is not None:
                     ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
                     socket.send_fds(ns_sock, [b"m"], [ns_fd])
@@ -514,6 +568,8 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         if uid is not None:
             _drop_to(uid)
+            if warm:
+                _clear_capabilities()
         if own_filter:  # last: nothing above may be refused by it
             seccomp.install()
 
@@ -556,7 +612,8 @@ def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, out: _Capture, 
             sel.register(fd, selectors.EVENT_READ)
         pidfd = None
         if not until_eof:
-            pidfd = os.pidfd_open(proc.pid)
+            # A warm child is the fork server's, not ours: its pidfd comes from there (its pid may be reaped early).
+            pidfd = proc.open_pidfd() if hasattr(proc, "open_pidfd") else os.pidfd_open(proc.pid)
             sel.register(pidfd, selectors.EVENT_READ)
         if stdin and proc.stdin and not until_eof:
             sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
@@ -852,8 +909,11 @@ def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
 
 
 def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], isolation: Isolation,
-            limits: Limits = Limits(), python: str = sys.executable) -> ExecutionResult:
+            limits: Limits = Limits(), python: str = sys.executable, warm: Optional[Any] = None) -> ExecutionResult:
     """Run ``request.code`` as ``python -E -s -B <workdir>/main.py`` in a fresh directory under ``work_root``.
+
+    ``warm``: the slot's fork server (:class:`wmrl_sandbox.warm.Zygote`, root mode): the program
+    runs in a child forked from it, with the same isolation, instead of a new interpreter.
 
     Blocking (the server runs it in a worker thread). ``uid`` is the slot's dedicated uid in
     root mode, None otherwise. Raises RequestError for an invalid request, and only before
@@ -862,6 +922,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
     """
     run_timeout = min(max(float(request.run_timeout), 0.01), limits.max_run_timeout)
     memory_mb = memory_limit_mb(request.memory_limit_mb, limits)
+    if uid is None:
+        warm = None  # warm starts are root mode's (wmrl_sandbox.warm)
     marker = secrets.token_hex(8)
     exec_dir = Path(tempfile.mkdtemp(prefix="x-", dir=work_root))
     workdir = exec_dir / WORK_SUBDIR
@@ -884,13 +946,21 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                 command = _bwrap_prefix(isolation.bwrap, workdir, work_root, python, limits, filter_read,
                                         info_write) + command
             start = time.monotonic()
-            proc = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
-                pass_fds=tuple(fd for fd in (filter_read, info_write) if fd is not None),
-                preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
-                                         ns_sock=ns_child),
-            )
+            if warm is not None:
+                from wmrl_sandbox.warm import job_message
+
+                job = job_message(warm, script=str(workdir / SCRIPT_NAME), workdir=str(workdir), exec_dir=str(exec_dir),
+                                  env=_child_env(str(workdir), marker), uid=uid, isolation=isolation, limits=limits,
+                                  memory_mb=memory_mb, run_timeout=run_timeout, python=python)
+                proc = warm.spawn(job, ns_child.fileno() if ns_child is not None else None)
+            else:
+                proc = subprocess.Popen(
+                    command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
+                    pass_fds=tuple(fd for fd in (filter_read, info_write) if fd is not None),
+                    preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
+                                             ns_sock=ns_child),
+                )
             _active_mains.add(proc.pid)  # ours to reap: another execution's orphan reaper leaves it alone
             if ns_parent is not None:
                 ns_child.close()

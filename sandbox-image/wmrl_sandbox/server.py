@@ -45,7 +45,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from wmrl_sandbox import executor, selftest
+from wmrl_sandbox import executor, selftest, warm
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Isolation, Limits, RequestError
 
 log = logging.getLogger("wmrl.sandbox")
@@ -218,7 +218,7 @@ class SandboxServer:
     def __init__(self, *, slots: int = 1, work_root: Optional[str] = None, limits: Limits = Limits(),
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, isolation: Optional[Isolation] = None,
                  python: str = sys.executable, uid_base: int = 62000, max_queue: Optional[int] = None,
-                 max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT):
+                 max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT, warm_start: bool = True):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         max_queue = DEFAULT_QUEUE_PER_SLOT * slots if max_queue is None else max_queue
@@ -242,6 +242,7 @@ class SandboxServer:
         self.uid_pool = executor.UidPool(slots, base=uid_base) if self.isolation.as_root else None
         self._free_uids = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="sandbox-exec")
+        self.warm = warm.WarmSlots(self._free_uids, python, self.isolation.as_root, enabled=warm_start)
         self.metrics = Metrics(slots, max_queue)
         self.metrics.busy.set_function(lambda: self.queue.busy)  # read at each scrape
         self.metrics.queued.set_function(lambda: self.queue.queued)
@@ -262,6 +263,7 @@ class SandboxServer:
 
     async def _cleanup(self, _app) -> None:
         self.pool.shutdown(wait=True)
+        self.warm.close()
         if self.uid_pool:
             self.uid_pool.close()
 
@@ -270,6 +272,7 @@ class SandboxServer:
                                   "queued": self.queue.queued, "max_queue": self.queue.max_queue,
                                   "max_queue_wait": self.queue.max_wait,
                                   "isolation": self.isolation.describe(), "layers": self.layers,
+                                  "warm": self.warm.describe(),
                                   "uids": self.uid_pool.uids if self.uid_pool else []})
 
     async def metrics_handler(self, _request: web.Request) -> web.Response:
@@ -372,7 +375,8 @@ class SandboxServer:
 
     def _execute(self, job: ExecutionRequest, uid: Optional[int]) -> ExecutionResult:
         return executor.execute(job, work_root=self.work_root, uid=uid, isolation=self.isolation,
-                                limits=self.limits, python=self.python)
+                                limits=self.limits, python=self.python,
+                                warm=self.warm.for_slot(uid, executor.memory_limit_mb(job.memory_limit_mb, self.limits)))
 
 
 def _env(name: str, cast, default):
@@ -418,6 +422,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "files_truncated is set and the status is Failed")
     parser.add_argument("--uid-base", type=int, default=62000, help="first uid of the per-slot uids (root mode)")
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the code")
+    parser.add_argument("--warm", action=argparse.BooleanOptionalAction,
+                        default=_env("WMRL_SANDBOX_WARM", lambda v: v.lower() in ("1", "true"), True),
+                        help="root mode: one fork server per slot with numpy, pandas, scipy and scikit-learn "
+                             "imported, forking each execution (default on; env WMRL_SANDBOX_WARM)")
     parser.add_argument("--require-isolation", action="store_true",
                         default=_env("WMRL_SANDBOX_REQUIRE_ISOLATION", lambda v: v.lower() in ("1", "true"), False),
                         help="refuse to start unless the self-test finds every isolation layer holding "
@@ -434,7 +442,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits,
                                max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base,
-                               max_queue=args.max_queue, max_queue_wait=args.max_queue_wait)
+                               max_queue=args.max_queue, max_queue_wait=args.max_queue_wait,
+                               warm_start=args.warm)
+        server.warm.wait_ready()  # so the self-test below checks the warm path's isolation too
         server.self_check()
         layers = server.self_test()
     except (ValueError, RuntimeError, OSError) as exc:
@@ -442,13 +452,21 @@ def main(args: argparse.Namespace) -> int:
         return 2
     missing = [layer for layer, holds in layers.items() if not holds]
     print(f"wmrl sandbox: isolation mode {server.isolation.mode}; self-test: "
-          + ("every layer holds" if not missing else f"NOT holding: {', '.join(missing)}"), flush=True)
+          + ("every layer holds" if not missing else f"NOT holding: {', '.join(missing)}")
+          + f"; warm starts: {_warm_line(server.warm.describe())}", flush=True)
     if missing and args.require_isolation:
         print(f"wmrl sandbox serve: --require-isolation: these layers do not hold here: {', '.join(missing)} "
               "(docs/sandbox.md: deployed mode needs unprivileged user namespaces, or run the server as root)",
               file=sys.stderr)
         return 2
     return asyncio.run(_serve(server, args.host, args.port))
+
+
+def _warm_line(warm_state: dict) -> str:
+    if not warm_state["enabled"]:
+        return f"off, {warm_state['reason']}"
+    failed = f" (not importable: {', '.join(warm_state['failed'])})" if warm_state["failed"] else ""
+    return f"{warm_state['ready']}/{warm_state['slots']} slot(s) ready, {len(warm_state['modules'])} modules{failed}"
 
 
 async def _serve(server: SandboxServer, host: str, port: int) -> int:

@@ -84,11 +84,12 @@ def test_table_persists_and_ignores_a_cut_off_line(tmp_path, tasks):
     assert again.get(tasks["wine"], "print(1)") is None
 
 
-def test_table_key_changes_with_the_suite(tasks):
-    base = table_key(tasks.values(), SUITE_VERSION)
-    assert table_key(tasks.values(), SUITE_VERSION) == base
-    assert table_key(tasks.values(), SUITE_VERSION + "x") != base
-    assert table_key([t for n, t in tasks.items() if n != "iris"], SUITE_VERSION) != base
+def test_table_key_changes_with_the_suite_and_the_start(tasks):
+    base = table_key(tasks.values(), SUITE_VERSION, True)
+    assert table_key(tasks.values(), SUITE_VERSION, True) == base
+    assert table_key(tasks.values(), SUITE_VERSION + "x", True) != base
+    assert table_key([t for n, t in tasks.items() if n != "iris"], SUITE_VERSION, True) != base
+    assert table_key(tasks.values(), SUITE_VERSION, False) != base  # cold starts take other times
 
 
 def test_misses_run_once_on_a_real_sandbox_then_hit(tmp_path, tasks):

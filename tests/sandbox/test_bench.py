@@ -11,7 +11,8 @@ import pytest
 def test_bench_sandbox_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "sandbox", "--json", str(out),
-                           "--iterations", "3", "--jobs", "2", "--servers", "1,2"],
+                           "--iterations", "3", "--jobs", "2", "--servers", "1,2", "--warm-iterations", "2",
+                           "--warm-jobs", "2", "--warm-servers", "1"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
@@ -21,9 +22,17 @@ def test_bench_sandbox_writes_json(tmp_path):
     assert {"ratio_p50", "ratio_p95", "overhead_p50_ms"} <= overhead.keys()
     assert [row["servers"] for row in result["throughput"]] == [1, 2]
     assert all(row["failed"] == 0 and row["executions_per_s"] > 0 for row in result["throughput"])
+    warm = result["warm_against_cold"]  # CI runs as root: the warm path is there
+    assert warm["warm"]["n"] == warm["cold"]["n"] == 2 and warm["latency_ratio_p50"] > 0
+    for kind in ("warm", "cold"):
+        assert warm["throughput"][kind]["failed"] == 0 and warm["throughput"][kind]["jobs"] == 2
+    assert warm["fork_server"]["ready"] == 1 and "sklearn" in warm["fork_server"]["modules"]
 
 
 def test_bench_rejects_bad_arguments():
     proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "sandbox", "--servers", "1,x"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--servers" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "sandbox", "--warm-servers", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--warm-" in proc.stderr

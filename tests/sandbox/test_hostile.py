@@ -4,6 +4,8 @@ Every case runs against both isolation modes, each started with ``--require-isol
 server's self-test must find every layer holding before it serves):
 
 * ``root``: the server as root, a dedicated uid per slot, network, mount and IPC namespaces;
+  every execution forked from its slot's warm fork server (``wmrl_sandbox.warm``), the default;
+* ``root-cold``: the same with ``--no-warm``, each execution a new interpreter;
 * ``deployed``: the server as an unprivileged uid, as the image runs it in a Pod, each
   execution in its own user, PID, network, mount and IPC namespaces through bubblewrap.
 
@@ -43,8 +45,10 @@ def start(mode: str, tmp_path_factory, slots: int = 1):
         raise RuntimeError("the hostile suite starts servers as root and as another uid: run it as root")
     args = TEST_ARGS + ("--require-isolation",)
     env = {"WMRL_TEST_SECRET": SECRET}
-    if mode == "root":
-        return LocalServer(slots=slots, args=args, env=env)
+    if mode in ("root", "root-cold"):
+        # Warm executions need room beside the pre-imported stack (wmrl_sandbox.warm.HEADROOM_MB).
+        extra = ("--no-warm",) if mode == "root-cold" else ("--memory-mb", "1024")
+        return LocalServer(slots=slots, args=args + extra, env=env)
     base = tmp_path_factory.mktemp(f"deployed-{slots}")
     for directory in (base, base.parent, base.parent.parent):
         os.chmod(directory, 0o755)
@@ -60,15 +64,29 @@ def start(mode: str, tmp_path_factory, slots: int = 1):
                        args=args + ("--python", "/usr/bin/python3"))
 
 
-@pytest.fixture(scope="module", params=["root", "deployed"])
+MODES = ["root", "root-cold", "deployed"]
+
+
+def _warm_as_asked(srv, mode_name: str, slots: int) -> None:
+    """The root server really runs its executions warm (every slot's fork server ready, scikit-learn
+    already imported when the program starts); the others cold."""
+    warm = srv.healthz()["warm"]
+    assert warm["ready"] == (slots if mode_name == "root" else 0), warm
+    res = run(srv, "import sys\nprint('sklearn' in sys.modules)")
+    assert res["run_result"]["stdout"].strip() == str(mode_name == "root"), res
+
+
+@pytest.fixture(scope="module", params=MODES)
 def server(request, tmp_path_factory):
     with start(request.param, tmp_path_factory) as srv:
+        _warm_as_asked(srv, request.param, 1)
         yield srv
 
 
-@pytest.fixture(scope="module", params=["root", "deployed"])
+@pytest.fixture(scope="module", params=MODES)
 def two_slots(request, tmp_path_factory):
     with start(request.param, tmp_path_factory, slots=2) as srv:
+        _warm_as_asked(srv, request.param, 2)
         yield srv
 
 

@@ -12,8 +12,10 @@ and the sandbox's own ``run_result.execution_time`` (seconds inside the sandbox,
 or HTTP). The table lives under ``<cache root>/outcomes/<key>.jsonl``, one JSON line per
 entry, appended as executions finish (a line cut off by a crash is ignored on load, so a
 crash loses at most the executions in flight). The key covers the suite's version and
-task data, the sandbox package's source and the versions of Python, numpy and
-scikit-learn: anything that could change an outcome or a duration starts a new table.
+task data, the sources that execute and grade a script, whether executions start warm
+(forked from a fork server with the libraries imported) or cold (a new interpreter each), and
+the versions of Python, numpy and scikit-learn: anything that could change an outcome or a
+duration starts a new table.
 """
 
 from __future__ import annotations
@@ -47,24 +49,29 @@ def code_key(code: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
 
 
-def sandbox_fingerprint() -> str:
-    """Hash of what executes and grades a script: the sandbox and grading sources, the interpreter and libraries."""
+EXECUTING_SOURCES = ("executor.py", "warm.py", "server.py", "seccomp.py", "namespaces.py")
+"""The sandbox modules that run a script and time it (the dispatcher, the benchmark and the self-test do not)."""
+
+
+def sandbox_fingerprint(warm: bool) -> str:
+    """Hash of what executes and grades a script: the executing sandbox sources and the grading, warm or
+    cold starts, the interpreter and libraries."""
     import numpy
     import sklearn
     import wmrl.grading
     import wmrl_sandbox
 
     digest = hashlib.sha256()
-    sources = sorted(Path(wmrl_sandbox.__file__).parent.glob("*.py")) + [Path(wmrl.grading.__file__)]
-    for path in sources:
+    package = Path(wmrl_sandbox.__file__).parent
+    for path in [package / name for name in EXECUTING_SOURCES] + [Path(wmrl.grading.__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(f"{sys.version}|{numpy.__version__}|{sklearn.__version__}".encode())
+    digest.update(f"{sys.version}|{numpy.__version__}|{sklearn.__version__}|warm={warm}".encode())
     return digest.hexdigest()[:16]
 
 
-def table_key(tasks: Iterable[Task], suite_version: str) -> str:
+def table_key(tasks: Iterable[Task], suite_version: str, warm: bool) -> str:
     """The table's name: the suite (version, every task's files) and the sandbox fingerprint."""
-    digest = hashlib.sha256(f"{suite_version}|{sandbox_fingerprint()}".encode())
+    digest = hashlib.sha256(f"{suite_version}|{sandbox_fingerprint(warm)}".encode())
     for task in sorted(tasks, key=lambda t: t.name):
         for name, content in sorted(task.to_files().items()):
             digest.update(f"{task.name}/{name}\0".encode() + hashlib.sha256(content).digest())
@@ -81,9 +88,11 @@ class OutcomeTable:
         self._load()
 
     @classmethod
-    def for_suite(cls, tasks: Sequence[Task], suite_version: str, root: Optional[Path] = None) -> "OutcomeTable":
+    def for_suite(cls, tasks: Sequence[Task], suite_version: str, warm: bool,
+                  root: Optional[Path] = None) -> "OutcomeTable":
+        """The table for ``tasks`` executed by sandboxes that start warm (``warm``) or cold."""
         root = Path(root) if root is not None else cache_root() / "outcomes"
-        return cls(root / f"{table_key(tasks, suite_version)}.jsonl")
+        return cls(root / f"{table_key(tasks, suite_version, warm)}.jsonl")
 
     def _load(self) -> None:
         if not self.path.is_file():

@@ -329,6 +329,13 @@ def _progress_line(result: dict[str, Any], done: int, total: int) -> str:
                        "elapsed_s": round(result["elapsed_s"], 1)})
 
 
+def sandboxes_start_warm(urls: Sequence[str]) -> bool:
+    """Whether every sandbox server forks its executions from a warm fork server (their /healthz)."""
+    import httpx
+
+    return all(httpx.get(f"{url}/healthz", timeout=30).json().get("warm", {}).get("ready", 0) > 0 for url in urls)
+
+
 def prefill_held_out(table_dispatcher: Any, held_out: Sequence[Any], sampling: Any) -> int:
     """Execute every script the policy can write for the held-out tasks once (all have probability > 0)."""
     from wmrl_bench.arm_run import policy_scripts
@@ -415,8 +422,9 @@ def main(args: argparse.Namespace) -> int:
                  "held_out": _csv(args.held_out, str), "max_turns": max_turns}
     try:
         tasks = builtin_suite("mini-ml")
-        table = OutcomeTable(Path(args.table)) if args.table else OutcomeTable.for_suite(tasks, SUITE_VERSION)
         with LocalServices(args.sandboxes, work_dir / "logs") as services:
+            warm = sandboxes_start_warm(services.sandbox_urls)
+            table = OutcomeTable(Path(args.table)) if args.table else OutcomeTable.for_suite(tasks, SUITE_VERSION, warm)
             config = arm_config("real", 0, steps, **overrides)
             held_out = [t for t in tasks if t.name in config.spec.tasks.held_out]
             filler = TableDispatcher(table, SandboxDispatcher(StaticEndpoints(services.sandbox_urls), slots_per_pod=1,
@@ -434,7 +442,7 @@ def main(args: argparse.Namespace) -> int:
             from wmrl_bench.arm_run import Job
 
             if args.live:
-                return _live(args, steps, levels[0], common, log, started)
+                return _live(args, steps, levels[0], common, log, started, warm)
             real_jobs = [Job(arm="real", seed=s, optimism=0.0, steps=steps, budget_s=None, **common)
                          for s in range(real_seeds)]
             real_runs = run_jobs(real_jobs, args.workers, log)
@@ -461,6 +469,7 @@ def main(args: argparse.Namespace) -> int:
         "held_out_evaluation": (f"mean best-turn real reward of {EVAL_TRAJECTORIES} sampled trajectories per task"
                                 if max_turns > 1 else "exact expectation over the policy's scripts"),
         "base_spec": BASE_SPEC, "outcome_table": {"path": str(table.path), "entries": len(OutcomeTable(table.path))},
+        "sandbox_start": "warm" if warm else "cold",
         "machine": {"cpus": os.cpu_count(), "workers": args.workers, "sandboxes": args.sandboxes},
         **{k: levels_out[headline][k] for k in ("target_reward", "speedup", "arms")},
         "levels": levels_out,
@@ -478,7 +487,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _live(args: argparse.Namespace, steps: int, optimism: float, common: dict[str, Any],
-          log: Callable[[str], None], started: float) -> int:
+          log: Callable[[str], None], started: float, warm: bool) -> int:
     """``--live``: seed 0 of real and wmrl with every execution on the live sandboxes, one run at a time.
 
     The clock models each step from in-sandbox execution times on ``--slots`` slots; the
@@ -497,6 +506,7 @@ def _live(args: argparse.Namespace, steps: int, optimism: float, common: dict[st
                             "measured_s": run["wall_s"], "modelled_over_measured": run["cost_s"] / run["wall_s"],
                             "final_reward": run["final_reward"], "initial_reward": run["initial_reward"]}
     results = {"benchmark": "speedup", "version": 2, "live": True, "budget_s": budget, "optimism": optimism,
+               "sandbox_start": "warm" if warm else "cold",
                "slots": args.slots, "sandboxes": args.sandboxes, "judge_cost": args.judge_cost, "arms": arms,
                "runs": [real, wmrl], "wall_clock_s": time.perf_counter() - started}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

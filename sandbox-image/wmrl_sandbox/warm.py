@@ -1,0 +1,406 @@
+"""Warm starts: one fork server per execution slot, with the scientific stack already imported.
+
+A cold execution starts a fresh interpreter that imports numpy and scikit-learn itself: about
+1 s of CPU on every execution, far more than a small model takes to fit. A *fork server* (a
+zygote) is an interpreter started once per slot that imports :data:`WARM_MODULES` and then
+forks one fresh child per execution:
+
+* the child applies the execution's isolation after the fork and before any user code runs,
+  with the same function a cold execution runs before ``exec``
+  (:func:`wmrl_sandbox.executor._make_preexec`: mount, network and IPC namespaces, private
+  /tmp, /var/tmp and /dev/shm, rlimits, the slot's uid, ``no_new_privs``, seccomp), then
+  clears every capability (a cold execution loses them in ``execve``; there is none here) and
+  checks that none is left;
+* it runs ``main.py`` as ``__main__`` in a fresh module, with ``sys.argv`` and ``sys.path[0]``
+  as ``python main.py`` sets them, tracebacks printed as the interpreter prints them, and the
+  interpreter's exit sequence (non-daemon threads joined, atexit handlers run) at the end;
+* ``random`` and numpy's global generator are reseeded from the OS, so executions do not
+  share the zygote's random state. (The ``str`` hash seed is the zygote's, fixed per slot.)
+
+Nothing of one execution survives into the next: each child is a separate process, killed
+with everything it started (its uid's processes) when it ends, and the zygote itself never
+runs user code. The zygote reports each child's pid (with a pidfd, so a reused pid can never
+be mistaken for it) and, once it has reaped it, its wait status.
+
+Warm starts need root mode (a uid of its own per slot, namespaces made by the child itself).
+In the deployed non-root mode an execution's namespaces are made by bubblewrap, which only
+runs a new program, so executions there start cold; :attr:`WarmSlots.reason` says why.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import asdict
+from typing import Any, Optional
+
+WARM_MODULES: tuple[str, ...] = (
+    "numpy", "scipy", "scipy.stats", "pandas", "sklearn", "sklearn.base", "sklearn.datasets", "sklearn.decomposition",
+    "sklearn.dummy", "sklearn.ensemble", "sklearn.feature_selection", "sklearn.linear_model", "sklearn.metrics",
+    "sklearn.model_selection", "sklearn.naive_bayes", "sklearn.neighbors", "sklearn.pipeline",
+    "sklearn.preprocessing", "sklearn.svm", "sklearn.tree",
+)
+"""Imported by every fork server before it serves (a module that fails to import is skipped and reported)."""
+
+HEADROOM_MB = 256
+"""A warm execution's address-space limit (RLIMIT_AS, exactly the request's) must exceed the fork server's
+own address space by this much, else the execution starts cold: the pre-imported stack counts against the
+limit, as it would if the program imported it itself."""
+
+READY_TIMEOUT_S = 120.0
+_PR_SET_PDEATHSIG = 1
+_PR_SET_KEEPCAPS = 8
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The zygote's environment while it imports: one thread per BLAS/OpenMP pool (as executions get), and no
+# allocator threads (a process must be single-threaded when it forks).
+_ZYGOTE_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "ARROW_DEFAULT_MEMORY_POOL": "system", "MPLBACKEND": "Agg", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+               "PATH": "/usr/local/bin:/usr/bin:/bin"}
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+# --------------------------------------------------------------------------- the zygote (its own process)
+
+
+def serve(fd: int, modules: list[str]) -> None:
+    """The zygote's main loop: import ``modules``, say ready, then fork one child per request."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the server
+    sock = socket.socket(fileno=fd)
+    imported, failed = [], {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except Exception as exc:  # noqa: BLE001 - reported, the rest still warms up
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    import gc
+
+    gc.collect()
+    gc.freeze()  # keep the imported objects out of the children's collections: fewer copy-on-write pages
+    found = sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path)
+                    if p and os.path.isdir(p) and os.path.realpath(p) != _PACKAGE_PARENT})
+    libraries = [p for p in found if not any(p.startswith(q + "/") for q in found)]  # the outermost of each tree
+    sock.send(json.dumps({"ready": True, "modules": imported, "failed": failed, "vm_mb": _vm_mb(),
+                          "libraries": libraries,
+                          "threads": len(os.listdir("/proc/self/task"))}).encode())
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
+        except OSError:
+            return
+        if not message:
+            return  # the server closed its end
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child, reported through its pipes
+            _child(json.loads(message), fds, sock)
+        for descriptor in fds:
+            os.close(descriptor)
+        pidfd = os.pidfd_open(pid)  # before reaping: it can only ever name this child
+        socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        sock.send(json.dumps({"status": status}).encode())
+
+
+def _vm_mb() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma: no cover - in the child
+    """Become the execution: its descriptors, directory, environment and isolation, then its program."""
+    try:
+        control.close()
+        os.setsid()
+        for target, descriptor in zip((0, 1, 2), fds[:3]):
+            os.dup2(descriptor, target)
+        ns_fd = fds[3] if len(fds) > 3 else None
+        keep = {0, 1, 2} | ({ns_fd} if ns_fd is not None else set())
+        for descriptor in map(int, os.listdir("/proc/self/fd")):
+            if descriptor not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(descriptor)
+        os.chdir(job["workdir"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        from wmrl_sandbox import executor
+
+        isolation = executor.Isolation(**job["isolation"])
+        limits = executor.Limits(**job["limits"])
+        ns_sock = socket.socket(fileno=ns_fd) if ns_fd is not None else None
+        executor._make_preexec(job["exec_dir"], job["uid"], isolation, limits, job["memory_mb"], job["run_timeout"],
+                               job["python"], ns_sock=ns_sock, warm=True, reveal=tuple(job["reveal"]))()
+        if ns_sock is not None:
+            ns_sock.close()
+    except BaseException as exc:  # noqa: BLE001 - the sandbox failed before the program: say so, never run it
+        with contextlib.suppress(BaseException):
+            os.write(2, f"sandbox error: warm start: {type(exc).__name__}: {exc}\n".encode())
+        os._exit(126)
+    _run_program(job["script"])
+
+
+def _run_program(script: str) -> None:  # pragma: no cover - in the child
+    """``python main.py`` from here on: a fresh ``__main__``, the interpreter's tracebacks and exit."""
+    import builtins
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    sys.argv = [script]
+    sys.path[:] = [os.path.dirname(script)] + [p for p in sys.path[1:] if p != _PACKAGE_PARENT]
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__file__": script, "__builtins__": builtins, "__cached__": None})
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        with open(script, "rb") as fh:
+            source = fh.read()
+        exec(compile(source, script, "exec", dont_inherit=True), main.__dict__)  # noqa: S102 - this is the sandbox
+    except SystemExit as exc:
+        code = _exit_status(exc.code)
+    except BaseException as exc:  # noqa: BLE001 - printed like the interpreter does, without this frame
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        code = 1
+    _exit_like_the_interpreter(code)
+
+
+def _exit_status(value: Any) -> int:
+    """What ``sys.exit(value)`` makes the interpreter exit with."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    with contextlib.suppress(BaseException):
+        print(value, file=sys.stderr)
+    return 1
+
+
+def _exit_like_the_interpreter(code: int) -> None:  # pragma: no cover - in the child
+    try:
+        threading._shutdown()  # join non-daemon threads, as the interpreter does at exit
+    except BaseException:  # noqa: BLE001
+        pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code)
+
+
+# --------------------------------------------------------------------------- the server side
+
+
+class WarmChild:
+    """One warm execution's main process, as the server sees it (what ``subprocess.Popen`` offers there)."""
+
+    def __init__(self, zygote: "Zygote", pid: int, pidfd: int, stdin: int, stdout: int, stderr: int):
+        self._zygote = zygote
+        self.pid = pid
+        self._pidfd = pidfd
+        self.stdin = open(stdin, "wb", buffering=0)
+        self.stdout = open(stdout, "rb", buffering=0)
+        self.stderr = open(stderr, "rb", buffering=0)
+        self.returncode: Optional[int] = None
+
+    def open_pidfd(self) -> int:
+        return os.dup(self._pidfd)
+
+    def wait(self) -> int:
+        """The exit code (negative: killed by that signal), once the zygote has reaped the child."""
+        if self.returncode is None:
+            try:
+                status = self._zygote.receive(timeout=30.0)["status"]
+                self.returncode = os.waitstatus_to_exitcode(status)
+            except (OSError, KeyError, ValueError):  # the zygote is gone: the child was killed with it
+                self._zygote.stop()
+                self.returncode = -signal.SIGKILL
+            finally:
+                os.close(self._pidfd)
+                self._zygote.busy = False
+
+        return self.returncode
+
+
+class Zygote:
+    """One slot's fork server (its own process; started once, restarted when it dies)."""
+
+    def __init__(self, python: str, modules: tuple[str, ...] = WARM_MODULES):
+        self.python, self.modules = python, modules
+        self.info: Optional[dict] = None
+        self.busy = False
+        self._proc: Optional[subprocess.Popen] = None
+        self._sock: Optional[socket.socket] = None
+
+    def start(self) -> None:
+        self.stop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        boot = (f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); from wmrl_sandbox.warm import serve; "
+                f"serve({theirs.fileno()}, {list(self.modules)!r})")
+        try:
+            self._proc = subprocess.Popen([self.python, "-E", "-s", "-B", "-c", boot], pass_fds=[theirs.fileno()],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=dict(_ZYGOTE_ENV),
+                                          cwd="/", start_new_session=True)
+        finally:
+            theirs.close()
+        from wmrl_sandbox import executor
+
+        executor._active_mains.add(self._proc.pid)  # the server's orphan reaper must leave it to us
+        self._sock = ours
+
+    def ready(self, timeout: float = 0.0) -> bool:
+        """Whether it has imported its modules and serves (waits up to ``timeout`` seconds for that)."""
+        if self.info is not None:
+            return self.alive()
+        if self._sock is None:
+            return False
+        try:
+            self.info = self.receive(timeout)
+        except (TimeoutError, BlockingIOError):
+            return False
+        except (OSError, ValueError):
+            self.stop()
+            return False
+        return True
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def receive(self, timeout: Optional[float]) -> dict:
+        self._sock.settimeout(timeout)
+        data = self._sock.recv(1 << 16)
+        if not data:
+            raise OSError("the fork server closed its socket")
+        return json.loads(data)
+
+    def spawn(self, job: dict, ns_fd: Optional[int]) -> WarmChild:
+        """Fork a child for ``job``, its stdin/stdout/stderr on new pipes (and the mount-namespace socket)."""
+        pipes = [os.pipe() for _ in range(3)]  # (read, write) each; the child gets stdin's read end, the others' write ends
+        theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+        ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
+        self.busy = True
+        try:
+            socket.send_fds(self._sock, [json.dumps(job).encode()], theirs + ([ns_fd] if ns_fd is not None else []))
+            self._sock.settimeout(10.0)
+            message, fds, _, _ = socket.recv_fds(self._sock, 1 << 16, 1)
+            if not message or not fds:
+                raise OSError("the fork server did not start the execution")
+            pid = json.loads(message)["pid"]
+        except BaseException:
+            self.busy = False
+            for descriptor in ours:
+                os.close(descriptor)
+            self.stop()
+            raise
+        finally:
+            for descriptor in theirs:
+                os.close(descriptor)
+        return WarmChild(self, pid, fds[0], *ours)
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            self._proc.wait()
+            from wmrl_sandbox import executor
+
+            executor._active_mains.discard(self._proc.pid)
+            self._proc = None
+        self.info = None
+
+
+class WarmSlots:
+    """The fork servers of a server's slots, one per slot uid (root mode only; see the module docstring)."""
+
+    def __init__(self, uids: list[Optional[int]], python: str, as_root: bool, enabled: bool = True,
+                 modules: tuple[str, ...] = WARM_MODULES):
+        self.reason: Optional[str] = None
+        if not enabled:
+            self.reason = "disabled (--no-warm)"
+        elif not as_root:
+            self.reason = ("warm starts need root mode; in namespaces mode bubblewrap makes each execution's "
+                           "namespaces by starting a new program, so executions start cold")
+        self.zygotes: dict[Optional[int], Zygote] = {}
+        if self.reason is None:
+            self.zygotes = {uid: Zygote(python, modules) for uid in uids}
+            for zygote in self.zygotes.values():
+                zygote.start()
+
+    @property
+    def enabled(self) -> bool:
+        return self.reason is None
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> int:
+        """Wait until every fork server has imported its modules; returns how many are ready."""
+        end = time.monotonic() + timeout
+        for zygote in self.zygotes.values():
+            zygote.ready(max(0.0, end - time.monotonic()))
+        return sum(z.ready() for z in self.zygotes.values())
+
+    def for_slot(self, uid: Optional[int], memory_mb: int) -> Optional[Zygote]:
+        """The slot's fork server if it can take this execution now, else None (the execution starts cold):
+        while it is not ready, or when ``memory_mb`` leaves too little room (:data:`HEADROOM_MB`).
+
+        A fork server that died is restarted here; until it is ready again its slot runs cold.
+        """
+        zygote = self.zygotes.get(uid)
+        if zygote is None or zygote.busy:
+            return None
+        if not zygote.ready():
+            if not zygote.alive():
+                zygote.start()
+            return None
+        if memory_mb < zygote.info["vm_mb"] + HEADROOM_MB:
+            return None
+        return zygote
+
+    def describe(self) -> dict:
+        ready = [z for z in self.zygotes.values() if z.ready()]
+        info = ready[0].info if ready else {}
+        return {"enabled": self.enabled, "reason": self.reason, "slots": len(self.zygotes), "ready": len(ready),
+                "modules": info.get("modules", []), "failed": info.get("failed", {}), "vm_mb": info.get("vm_mb")}
+
+    def close(self) -> None:
+        for zygote in self.zygotes.values():
+            zygote.stop()
+
+
+def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env: dict[str, str],
+                uid: Optional[int], isolation: Any, limits: Any, memory_mb: int, run_timeout: float,
+                python: str) -> dict:
+    """What a fork server needs to make one child into an execution (JSON).
+
+    ``reveal``: the zygote's library directories. The child reads modules it has not imported
+    yet from them as the slot's uid; where one lies under a directory closed to other uids (an
+    interpreter under /root), the child's mount namespace masks that directory and binds only
+    these back (:func:`wmrl_sandbox.executor._reveal`).
+    """
+    return {"script": script, "workdir": workdir, "exec_dir": exec_dir, "env": env, "uid": uid,
+            "isolation": asdict(isolation), "limits": asdict(limits), "memory_mb": memory_mb,
+            "run_timeout": run_timeout, "python": python, "reveal": zygote.info["libraries"]}
+
+
+__all__ = ["HEADROOM_MB", "WARM_MODULES", "WarmChild", "WarmSlots", "Zygote", "job_message", "serve"]

@@ -1,0 +1,147 @@
+"""Warm starts (``wmrl_sandbox.warm``): an execution forked from its slot's fork server behaves as a
+new interpreter would, shares nothing with the one before, and survives its fork server's death.
+
+The trusted peer is the cold path itself: every program runs on a warm and on a cold
+(``--no-warm``) server, both real root-mode servers, and their answers must agree. The
+hostile suite (test_hostile.py) runs every attack against the warm path too.
+"""
+
+import base64
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from sandbox_helpers import TEST_ARGS, run
+
+# TEST_ARGS' 512 MB address space leaves a program too little room beside the pre-imported stack
+# (executions would start cold); both servers get the default 2048 MB.
+ARGS = (*TEST_ARGS, "--memory-mb", "2048")
+from wmrl_sandbox.local import LocalServer
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="warm starts are root mode's; CI runs as root")
+
+
+@pytest.fixture(scope="module")
+def warm():
+    with LocalServer(slots=1, args=ARGS) as server:
+        assert server.healthz()["warm"]["ready"] == 1
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cold():
+    with LocalServer(slots=1, args=(*ARGS, "--no-warm")) as server:
+        yield server
+
+
+def _answer(res: dict) -> tuple:
+    run_result = res["run_result"]
+    scrub = lambda text: re.sub(r"/\S*/x-[^/\s]+/", "<exec>/", text)  # noqa: E731 - each execution's own directory
+    return res["status"], run_result["status"], run_result["return_code"], scrub(run_result["stdout"]), \
+        scrub(run_result["stderr"])
+
+
+PROGRAMS = {
+    "print": ("print('hi')", {}),
+    "exit code": ("import sys\nsys.exit(3)", {}),
+    "exit message": ("import sys\nsys.exit('bye')", {}),
+    "exception": ("def f():\n    raise ValueError('boom')\nf()", {}),
+    "syntax error": ("x = (", {}),
+    "argv, name, path": ("import os, sys\nprint(sys.argv[0].endswith('/main.py'), __name__, sys.path[0] == os.getcwd())",
+                         {}),
+    "flags": ("import sys\nprint(sys.flags.ignore_environment, sys.flags.no_user_site, sys.dont_write_bytecode)", {}),
+    "atexit": ("import atexit\natexit.register(print, 'at exit')\nprint('main')", {}),
+    "late thread": ("import threading, time\n"
+                    "def late():\n    time.sleep(0.2)\n    print('thread done', flush=True)\n"
+                    "threading.Thread(target=late).start()\nprint('main done', flush=True)", {}),
+    "stdin": ("print(input()[::-1])", {"stdin": "abc\n"}),
+    "files import": ("import helper\nprint(helper.X)",
+                     {"files": {"helper.py": base64.b64encode(b"X = 42\n").decode()}}),
+    "environment": ("import os\nprint(sorted(k for k in os.environ))", {}),
+    "killed by a signal": ("import os\nos.kill(os.getpid(), 9)", {}),
+    "uid and capabilities": ("import os\nprint(os.getuid() != 0, open('/proc/self/status').read().split('CapEff:')[1]"
+                             ".split()[0])", {}),
+    "fit a model": ("from sklearn.datasets import load_iris\nfrom sklearn.linear_model import LogisticRegression\n"
+                    "X, y = load_iris(return_X_y=True)\n"
+                    "print(round(LogisticRegression(max_iter=500).fit(X, y).score(X, y), 3))", {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_a_warm_execution_answers_as_a_new_interpreter(name, warm, cold):
+    code, fields = PROGRAMS[name]
+    assert _answer(run(warm, code, **fields)) == _answer(run(cold, code, **fields))
+
+
+def test_the_warm_path_really_ran(warm, cold):
+    probe = "import sys\nprint('sklearn' in sys.modules)"
+    assert run(warm, probe)["run_result"]["stdout"].strip() == "True"
+    assert run(cold, probe)["run_result"]["stdout"].strip() == "False"
+
+
+def test_executions_share_no_state(warm):
+    """What one execution changes in the pre-imported modules, or draws from their random
+    generators, is its own: the next starts from the fork server's state with fresh seeds."""
+    first = run(warm, "import json, random, sklearn, numpy as np\nsklearn.__version__ = 'tampered'\n"
+                      "json.dumps = None\nprint(np.random.rand(), random.random())")
+    second = run(warm, "import json, random, sklearn, numpy as np\n"
+                       "print(sklearn.__version__ != 'tampered', json.dumps is not None)\n"
+                       "print(np.random.rand(), random.random())")
+    assert first["status"] == second["status"] == "Success", (first, second)
+    lines = second["run_result"]["stdout"].split("\n")
+    assert lines[0] == "True True"
+    assert lines[1] != first["run_result"]["stdout"].strip()
+
+
+PROBE = ("import resource, sys\n"
+         "print('sklearn' in sys.modules, resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)")
+
+
+def test_the_memory_limit_is_the_requests_and_a_small_one_starts_cold(warm):
+    """The address-space limit is exactly the request's either way; one that leaves too little room
+    beside the pre-imported stack runs cold, where a small program still fits."""
+    assert run(warm, PROBE, memory_limit_MB=1500)["run_result"]["stdout"].split() == ["True", "1500"]
+    assert run(warm, PROBE, memory_limit_MB=300)["run_result"]["stdout"].split() == ["False", "300"]
+    too_big = run(warm, "x = bytearray(1200 << 20)\nprint('ok')", memory_limit_MB=1500)
+    assert too_big["status"] == "Failed" and "MemoryError" in too_big["run_result"]["stderr"], too_big
+
+
+def _fork_servers_of(server_pid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == server_pid and b"wmrl_sandbox.warm" in cmdline:
+            found.append(int(name))
+    return found
+
+
+def test_a_dead_fork_server_is_replaced_and_its_slot_runs_cold_meanwhile():
+    probe = "import sys\nprint('sklearn' in sys.modules)"
+    with LocalServer(slots=1, args=ARGS) as server:
+        [zygote] = _fork_servers_of(server.proc.pid)
+        os.kill(zygote, signal.SIGKILL)
+        meanwhile = run(server, probe)
+        assert meanwhile["status"] == "Success", meanwhile
+        assert meanwhile["run_result"]["stdout"].strip() == "False"  # ran cold while its fork server restarts
+        deadline = time.monotonic() + 120
+        while server.healthz()["warm"]["ready"] != 1:
+            assert time.monotonic() < deadline, server.healthz()["warm"]
+            time.sleep(0.2)
+        assert run(server, probe)["run_result"]["stdout"].strip() == "True"
+        assert _fork_servers_of(server.proc.pid) not in ([], [zygote])
+
+
+def test_health_says_why_an_execution_would_start_cold(cold):
+    warm_state = cold.healthz()["warm"]
+    assert warm_state["enabled"] is False and "--no-warm" in warm_state["reason"]
