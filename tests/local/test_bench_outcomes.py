@@ -121,6 +121,29 @@ def test_misses_run_once_on_a_real_sandbox_then_hit(tmp_path, tasks):
     assert offline.take_durations() == [durations[0], 0.0]  # one entry per request, the failed one free
 
 
+def test_entries_come_back_in_order_from_the_executions_themselves(tmp_path, tasks):
+    """``entries`` answers a batch with repeats and misses in order; each distinct miss runs once, and its
+    entry is there as soon as the execution is (a future is done before its storing callback has run)."""
+    from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
+    from wmrl_trainer.local import LocalServices
+
+    iris, wine = tasks["iris"], tasks["wine"]
+    good, bad = _script("load", "logreg"), _script("load_syntax_error", "logreg")
+    table = OutcomeTable(tmp_path / "t.jsonl")
+    with LocalServices(1, tmp_path / "logs") as services:
+        dispatcher = TableDispatcher(table, SandboxDispatcher(StaticEndpoints(services.sandbox_urls), timeout=90))
+        try:
+            batch = [(iris, good), (wine, good), (iris, good), (iris, bad), (wine, good)]
+            entries = dispatcher.entries(batch)
+            again = dispatcher.entries(batch)
+        finally:
+            dispatcher.close()
+    statuses = [e.outcome.status for e in entries]
+    assert statuses == [Status.VALID, Status.VALID, Status.VALID, Status.SYNTAX_ERR, Status.VALID]
+    assert entries[0] == entries[2] and entries[1] == entries[4] and again == entries
+    assert dispatcher.misses == 3 and len(Path(table.path).read_text().splitlines()) == 3
+
+
 def test_concurrent_writers_keep_every_line_whole(tmp_path, tasks):
     table = OutcomeTable(tmp_path / "t.jsonl")
     iris = tasks["iris"]

@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from wmrl_bench.speedup import ABLATION_ORDER, ARMS, BIAS_GRID, HEADLINE_OPTIMISM, arm_config, level_summary
+from wmrl_bench.speedup import (ABLATION_ORDER, ARMS, BIAS_GRID, HEADLINE_OPTIMISM, WIDE_POLICY, WIDE_SETTINGS, arm_config,
+                                 level_summary)
 
 
 def test_arms_differ_only_in_their_spec():
@@ -123,6 +124,30 @@ def test_the_multi_turn_preset_trains_four_turn_arms_at_equal_cost(tmp_path):
     assert proc.returncode == 0 and subprocess.run(
         [sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--multiturn", "--quick", "--json", str(out)],
         capture_output=True, text=True, timeout=120).returncode == 2  # two presets at once: refused
+
+
+def test_the_wide_preset_trains_the_wide_coder_and_samples_its_held_out_scripts(tmp_path):
+    """The wide action space end to end: its policy, its sandbox timeout, sampled held-out evaluation
+    (256 scripts a task, executed as they are first sampled: no enumeration, no prefill)."""
+    out = tmp_path / "speedup.json"
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--wide", "--seeds", "1",
+                           "--ablation-seeds", "1", "--arms", "real,wmrl", "--bias", "0.2", "--steps", "2",
+                           "--eval-points", "1", "--group-size", "2", "--groups-per-step", "2", "--held-out", "iris",
+                           "--workers", "1", "--sandboxes", "2", "--cap", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["space"] == "wide" and "256 sampled scripts" in data["held_out_evaluation"]
+    assert data["levels_run"] == [0.2] and set(data["arms"]) == {"real", "wmrl"}
+    for run in data["runs"]:
+        assert run["job"]["spec_overrides"]["space"] == "wide"
+        assert all(point["samples"] == 256 and 0.0 <= point["reward"] <= 1.0 for point in run["curve"])
+    real = next(r for r in data["runs"] if r["arm"] == "real")
+    assert real["steps"] == 2 and real["executions"] == 8
+    config = arm_config("real", 0, 2, space="wide")
+    assert config.spec.policy.model == f"builtin:{WIDE_POLICY}"
+    assert config.spec.sandbox.timeout_seconds == WIDE_SETTINGS["timeout_seconds"]
+    assert config.spec.policy.sampling.max_new_tokens == WIDE_SETTINGS["max_new_tokens"]
 
 
 def test_a_finished_run_is_reused_only_for_the_same_job(tmp_path):

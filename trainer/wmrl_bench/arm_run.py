@@ -68,8 +68,8 @@ def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: A
     by_task, scripts, mass = {}, {}, {}
     for task in held_out:
         distribution = policy_scripts(model, tokenizer, task, sampling)
-        dispatcher.fill((task, code) for code, _ in distribution)
-        by_task[task.name] = float(sum(p * dispatcher.table.get(task, code).outcome.reward for code, p in distribution))
+        entries = dispatcher.entries((task, code) for code, _ in distribution)
+        by_task[task.name] = float(sum(p * entry.outcome.reward for (_, p), entry in zip(distribution, entries)))
         scripts[task.name] = len(distribution)
         mass[task.name] = float(sum(p for _, p in distribution))
     return {"reward": float(np.mean(list(by_task.values()))), "by_task": by_task, "scripts": scripts, "mass": mass}
@@ -82,8 +82,7 @@ def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], 
     from wmrl_trainer.turns import repairs
 
     def grade(items: list[tuple[Any, str]]) -> list[Any]:
-        dispatcher.fill(items)
-        return [dispatcher.table.get(task, code).outcome for task, code in items]
+        return [entry.outcome for entry in dispatcher.entries(items)]
 
     trajectories = sample_trajectories(model, tokenizer, held_out, sampling, samples, max_turns, grade, seed=seed,
                                        max_tokens=max_tokens)
@@ -102,7 +101,7 @@ def run_job(job: Job) -> dict[str, Any]:
 
     from wmrl_bench.cost import step_cost
     from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
-    from wmrl_bench.speedup import EVAL_TRAJECTORIES, arm_config
+    from wmrl_bench.speedup import EVAL_TRAJECTORIES, WIDE_POLICY, arm_config
     from wmrl_demo.demo_policy import load_builtin
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
     from wmrl_trainer.local import local_runtime, quiet_libraries
@@ -138,7 +137,7 @@ def run_job(job: Job) -> dict[str, Any]:
 
     def evaluate() -> None:
         model = trainer.grpo.accelerator.unwrap_model(trainer.grpo.model)
-        if spec.algorithm.max_turns > 1:
+        if spec.algorithm.max_turns > 1 or spec.policy.model == f"builtin:{WIDE_POLICY}":  # too many to enumerate
             point = held_out_trajectory_reward(model, trainer.grpo.processing_class, held_out, spec.policy.sampling,
                                                dispatcher, spec.algorithm.max_turns, EVAL_TRAJECTORIES,
                                                seed=7919 + job.seed, max_tokens=spec.algorithm.max_trajectory_tokens)

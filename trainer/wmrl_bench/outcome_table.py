@@ -241,15 +241,31 @@ class TableDispatcher:
         source.add_done_callback(done)
         return result
 
-    def fill(self, items: Iterable[tuple[Task, str]]) -> int:
-        """Make sure every (task, code) has an entry (executing the missing ones); returns how many ran."""
-        todo = {(t.name, code_key(c)): (t, c) for t, c in items if self.table.get(t, c) is None}
-        futures = [self._entry(t, c) for t, c in todo.values()]
+    def entries(self, items: Iterable[tuple[Task, str]]) -> list[Entry]:
+        """The entry of every (task, code), in order, executing each missing one once.
+
+        The entries come from the executions' own futures: a future is done before its
+        callbacks (which store the entry in the table) have run.
+        """
+        items = list(items)
+        found: dict[tuple[str, str], Any] = {}
+        for task, code in items:
+            key = (task.name, code_key(code))
+            if key not in found:
+                found[key] = self.table.get(task, code) or self._entry(task, code)
+        futures = [f for f in found.values() if isinstance(f, cf.Future)]
         cf.wait(futures)
         failed = [f.exception() for f in futures if f.exception() is not None]
         if failed:
             raise RuntimeError(f"{len(failed)} of {len(futures)} executions failed; first: {failed[0]}")
-        return len(futures)
+        resolved = {k: (v.result() if isinstance(v, cf.Future) else v) for k, v in found.items()}
+        return [resolved[(task.name, code_key(code))] for task, code in items]
+
+    def fill(self, items: Iterable[tuple[Task, str]]) -> int:
+        """Make sure every (task, code) has an entry (executing the missing ones); returns how many ran."""
+        todo = {(t.name, code_key(c)): (t, c) for t, c in items if self.table.get(t, c) is None}
+        self.entries(todo.values())
+        return len(todo)
 
     def close(self) -> None:
         if self.sandboxes is not None:

@@ -102,18 +102,27 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The paper's 4-turn loop with the multi-turn tiny coder; held-out reward from sampled trajectories.
     "multiturn": {"seeds": 3, "ablation_seeds": 3, "steps": 12, "eval_points": 4, "bias_grid": (HEADLINE_OPTIMISM,),
                   "arms": ("real", "worldModel", "wmrl"), "max_turns": 4},
+    # The wide action space (preprocessing chains, large models, hyperparameter tokens, wrappers) where the
+    # judge's optimism for complexity can be exploited; held-out reward from sampled scripts.
+    "wide": {"seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4, "bias_grid": BIAS_GRID,
+             "arms": ("real", "worldModel", *ABLATION_ORDER), "space": "wide"},
 }
 MULTI_TURN_POLICY = "tiny-coder-multiturn"
+WIDE_POLICY = "tiny-coder-wide"
+WIDE_SETTINGS = {"max_new_tokens": 9, "timeout_seconds": 10}
+"""The wide space's run: room for its longest warm-start script (load, 3 preprocessing steps, a model, 3 knobs,
+an end), and a sandbox timeout that large ensembles and searches sometimes hit (a timeout is a runtime error)."""
 EVAL_TRAJECTORIES = 256
-"""Held-out trajectories sampled per task and evaluation in multi-turn runs (the trajectory tree is too
-large to enumerate; each trajectory's turns are graded from the outcome table)."""
+"""Held-out trajectories (scripts) sampled per task and evaluation in multi-turn and wide-space runs (too many
+to enumerate; each is graded from the outcome table)."""
 
 
 def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dict[str, Any] = BASE_SPEC,
                group_size: Optional[int] = None, groups_per_step: Optional[int] = None,
-               held_out: Optional[Sequence[str]] = None, max_turns: int = 1) -> RunConfig:
+               held_out: Optional[Sequence[str]] = None, max_turns: int = 1, space: str = "tiny") -> RunConfig:
     """The run of ``arm`` at ``seed`` and judge ``optimism``: the base spec with the arm's fields, nothing else
-    (``max_turns`` > 1: the multi-turn tiny coder with that many turns)."""
+    (``max_turns`` > 1: the multi-turn tiny coder with that many turns; ``space`` "wide": the wide tiny coder
+    with :data:`WIDE_SETTINGS`)."""
     settings = ARMS[arm]
     spec = json.loads(json.dumps(base))
     spec["mode"] = settings["mode"]
@@ -122,6 +131,10 @@ def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dic
     if max_turns > 1:
         alg["maxTurns"] = max_turns
         spec["policy"]["model"] = f"builtin:{MULTI_TURN_POLICY}"
+    if space == "wide":
+        spec["policy"]["model"] = f"builtin:{WIDE_POLICY}"
+        spec["policy"]["sampling"]["maxNewTokens"] = WIDE_SETTINGS["max_new_tokens"]
+        spec["sandbox"]["timeoutSeconds"] = WIDE_SETTINGS["timeout_seconds"]
     if group_size is not None:
         alg["groupSize"] = group_size
     if groups_per_step is not None:
@@ -350,6 +363,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help=f"the quick preset ({PRESETS['quick']})")
     parser.add_argument("--multiturn", action="store_true",
                         help=f"the multi-turn preset ({PRESETS['multiturn']}): the paper's 4-turn loop")
+    parser.add_argument("--wide", action="store_true",
+                        help=f"the wide-space preset ({PRESETS['wide']}): preprocessing chains, large models, "
+                             "hyperparameter tokens and wrappers, where the judge's optimism can be exploited")
     parser.add_argument("--json", metavar="PATH", required=True, help="write the results JSON here")
     parser.add_argument("--plot", metavar="PATH", help="write the comparison PNG here")
     parser.add_argument("--markdown", metavar="PATH", help="write the Markdown tables here")
@@ -391,11 +407,13 @@ def main(args: argparse.Namespace) -> int:
     from wmrl_trainer.local import LocalServices, quiet_libraries
 
     quiet_libraries()
-    if args.quick and args.multiturn:
-        print("wmrl bench speedup: --quick and --multiturn are two presets; choose one", file=sys.stderr)
+    chosen = [name for name in ("quick", "multiturn", "wide") if getattr(args, name)]
+    if len(chosen) > 1:
+        print(f"wmrl bench speedup: --{' and --'.join(chosen)} are different presets; choose one", file=sys.stderr)
         return 2
-    preset = dict(PRESETS["multiturn" if args.multiturn else "quick" if args.quick else "full"])
+    preset = dict(PRESETS[chosen[0] if chosen else "full"])
     max_turns = int(preset.get("max_turns", 1))
+    space = preset.get("space", "tiny")
     arms = _csv(args.arms, str) or list(preset["arms"])
     levels = _csv(args.bias, float) or list(preset["bias_grid"])
     seeds = args.seeds or preset["seeds"]
@@ -419,7 +437,7 @@ def main(args: argparse.Namespace) -> int:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     real_seeds = max(seeds, ablation_seeds if "wmrl" in arms else 0)  # wmrl is paired with real seed by seed
     overrides = {"group_size": args.group_size, "groups_per_step": args.groups_per_step,
-                 "held_out": _csv(args.held_out, str), "max_turns": max_turns}
+                 "held_out": _csv(args.held_out, str), "max_turns": max_turns, "space": space}
     try:
         tasks = builtin_suite("mini-ml")
         with LocalServices(args.sandboxes, work_dir / "logs") as services:
@@ -431,7 +449,8 @@ def main(args: argparse.Namespace) -> int:
                                                               timeout=config.spec.sandbox.timeout_seconds + 30))
             try:
                 t0 = time.perf_counter()
-                ran = prefill_held_out(filler, held_out, config.spec.policy.sampling)
+                # The wide space cannot be enumerated: its held-out scripts are executed as they are sampled.
+                ran = 0 if space == "wide" else prefill_held_out(filler, held_out, config.spec.policy.sampling)
                 log(json.dumps({"event": "outcome-table", "path": str(table.path), "entries": len(table),
                                 "executed_now": ran, "seconds": round(time.perf_counter() - t0, 1)}))
             finally:
@@ -461,13 +480,14 @@ def main(args: argparse.Namespace) -> int:
         levels_out[f"{level:g}"] = level_summary(by_arm, budget)
     headline = f"{HEADLINE_OPTIMISM:g}" if f"{HEADLINE_OPTIMISM:g}" in levels_out else next(iter(levels_out))
     results = {
-        "benchmark": "speedup", "version": 2, "quick": bool(args.quick), "max_turns": max_turns,
+        "benchmark": "speedup", "version": 2, "quick": bool(args.quick), "max_turns": max_turns, "space": space,
         "budget_s": budget, "real_steps": steps, "step_cap": cap, "slots": args.slots, "judge_cost": args.judge_cost,
         "eval_points": eval_points, "bias_grid": list(BIAS_GRID), "levels_run": levels, "headline_optimism": float(headline),
         "seeds": seeds, "ablation_seeds": ablation_seeds, "real_seeds": real_seeds,
         "held_out_tasks": [t.name for t in held_out],
         "held_out_evaluation": (f"mean best-turn real reward of {EVAL_TRAJECTORIES} sampled trajectories per task"
-                                if max_turns > 1 else "exact expectation over the policy's scripts"),
+                                if max_turns > 1 else f"mean real reward of {EVAL_TRAJECTORIES} sampled scripts per task"
+                                if space == "wide" else "exact expectation over the policy's scripts"),
         "base_spec": BASE_SPEC, "outcome_table": {"path": str(table.path), "entries": len(OutcomeTable(table.path))},
         "sandbox_start": "warm" if warm else "cold",
         "machine": {"cpus": os.cpu_count(), "workers": args.workers, "sandboxes": args.sandboxes},

@@ -46,8 +46,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dataclasses import dataclass
+from typing import Callable
+
 from wmrl.cache import cache_root
-from wmrl_demo import solutions
+from wmrl_demo import solutions, wide_space
 
 RECIPE_VERSION = "4"
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
@@ -60,9 +63,31 @@ PROMPT_WORDS: tuple[str, ...] = (
 
 MODEL_SIZES = {"hidden": 64, "layers": 2, "heads": 4}
 SFT = {"examples": 4000, "steps": 400, "batch": 64, "lr": 3e-3, "seed": 0}
-BUILTINS = ("tiny-coder", "tiny-coder-multiturn")
+BUILTINS = ("tiny-coder", "tiny-coder-multiturn", "tiny-coder-wide")
 """``tiny-coder`` writes one script; ``tiny-coder-multiturn`` also reads the observation after a turn
-(:func:`feedback_tokens`) and was warm-started on revise-after-feedback examples (:mod:`wmrl_demo.revisions`)."""
+(:func:`feedback_tokens`) and was warm-started on revise-after-feedback examples (:mod:`wmrl_demo.revisions`);
+``tiny-coder-wide`` writes scripts of the wide action space (:mod:`wmrl_demo.wide_space`): preprocessing
+chains, large models, hyperparameter tokens and wrappers, where a judge's optimism can be exploited."""
+
+
+@dataclass(frozen=True)
+class Space:
+    """An action space of the tiny coder: its chunks, its grammar, which slot ends a script, its warm-start sampler."""
+
+    chunks: tuple[solutions.Chunk, ...]
+    roles: tuple[str, ...]
+    next_roles: dict[str, tuple[str, ...]]
+    stop_slot: str
+    sample: Callable[[random.Random, str | None], list[solutions.Chunk]]
+
+
+def space_of(name: str = "tiny-coder") -> Space:
+    """The action space of builtin ``name`` (the tiny coder's for every builtin but ``tiny-coder-wide``)."""
+    if name == "tiny-coder-wide":
+        return Space(wide_space.CHUNKS, wide_space.ROLES, wide_space.NEXT_ROLES, "end", wide_space.sample_script)
+    from wmrl_demo.tiny_coder_model import NEXT_ROLES, ROLES  # torch: imported when a policy is built, not before
+
+    return Space(solutions.CHUNKS, ROLES, NEXT_ROLES, "solve", solutions.sample_script)
 OUTPUT_BLOCK = r"<output>[\s\S]*?</output>"
 """The raw output part of an observation: the multi-turn tiny coder reads only the observation's header."""
 
@@ -90,12 +115,13 @@ def _keyword_filter() -> str:
     return rf"\b(?!(?:{words})\b)\w+\b|[^\w\s]"
 
 
-def build_tokenizer(multiturn: bool = False) -> Any:
-    """The tiny coder's tokenizer: code chunks as whole tokens, prompts reduced to keywords.
+def build_tokenizer(multiturn: bool = False, space: Space | None = None) -> Any:
+    """The tiny coder's tokenizer: code chunks (of ``space``) as whole tokens, prompts reduced to keywords.
 
     ``multiturn`` adds the observation header's words as tokens (matched in the raw text) and
     drops the observation's ``<output>`` block.
     """
+    space = space or space_of()
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -111,7 +137,7 @@ def build_tokenizer(multiturn: bool = False) -> Any:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.Fuse()  # chunks carry their own newlines: concatenate them as they are
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    tok.add_tokens([AddedToken(c.code, normalized=False, special=False) for c in solutions.CHUNKS])
+    tok.add_tokens([AddedToken(c.code, normalized=False, special=False) for c in space.chunks])
     if multiturn:
         tok.add_tokens([AddedToken(word, normalized=False, special=False) for word in feedback_tokens()])
     bos_id = tok.token_to_id(BOS)
@@ -126,31 +152,36 @@ def chunk_ids(tokenizer: Any, chunks: list[solutions.Chunk]) -> list[int]:
     return [tokenizer.convert_tokens_to_ids(c.code) for c in chunks]
 
 
-def stop_token_ids(tokenizer: Any) -> list[int]:
-    """Generation stops at EOS or after any solve chunk (a solve chunk fits and writes: the script is done)."""
-    return [tokenizer.eos_token_id] + chunk_ids(tokenizer, solutions.slot_chunks("solve"))
+def stop_token_ids(tokenizer: Any, space: Space | None = None) -> list[int]:
+    """Generation stops at EOS or after any chunk that ends a script (a solve chunk fits and writes: the script
+    is done; an end chunk in the wide space)."""
+    space = space or space_of()
+    return [tokenizer.eos_token_id] + chunk_ids(tokenizer, [c for c in space.chunks if c.slot == space.stop_slot])
 
 
 # ---------------------------------------------------------------- model
 
-def token_roles(tokenizer: Any) -> list[str]:
+def token_roles(tokenizer: Any, space: Space | None = None) -> list[str]:
     """The grammar role of every token id (:mod:`wmrl_demo.tiny_coder_model`): a chunk's slot, ``eos``, or ``prompt``."""
+    space = space or space_of()
     roles = ["prompt"] * len(tokenizer)
-    for chunk in solutions.CHUNKS:
+    for chunk in space.chunks:
         roles[tokenizer.convert_tokens_to_ids(chunk.code)] = chunk.slot
     roles[tokenizer.eos_token_id] = "eos"
     return roles
 
 
-def build_model(tokenizer: Any, seed: int = 0) -> Any:
-    """The tiny coder's network, randomly initialised, with the script grammar built in."""
+def build_model(tokenizer: Any, seed: int = 0, space: Space | None = None) -> Any:
+    """The tiny coder's network, randomly initialised, with the script grammar of ``space`` built in."""
+    space = space or space_of()
     import torch
 
     from wmrl_demo.tiny_coder_model import TinyCoderConfig, TinyCoderForCausalLM
 
     h = MODEL_SIZES["hidden"]
     config = TinyCoderConfig(
-        token_roles=token_roles(tokenizer),
+        token_roles=token_roles(tokenizer, space), roles=list(space.roles),
+        next_roles={k: list(v) for k, v in space.next_roles.items()},
         vocab_size=len(tokenizer), hidden_size=h, intermediate_size=2 * h, num_hidden_layers=MODEL_SIZES["layers"],
         num_attention_heads=MODEL_SIZES["heads"], num_key_value_heads=MODEL_SIZES["heads"], max_position_embeddings=256,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
@@ -158,7 +189,7 @@ def build_model(tokenizer: Any, seed: int = 0) -> Any:
     torch.manual_seed(seed)
     model = TinyCoderForCausalLM(config)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = stop_token_ids(tokenizer)
+    model.generation_config.eos_token_id = stop_token_ids(tokenizer, space)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
 
@@ -193,11 +224,12 @@ def synthetic_task(rng: random.Random) -> Any:
                 data={"train.csv": b"id," + features + b",target\n", "test.csv": b"id," + features + b"\n"})
 
 
-def sft_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids) pairs: made-up tasks' prompts, random mixed-quality scripts.
+def sft_examples(tokenizer: Any, n: int, seed: int, space: Space | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) pairs: made-up tasks' prompts, random mixed-quality scripts of ``space``.
 
-    No EOS: every script ends in a solve chunk, which is a stop token itself.
+    No EOS: every script ends in a solve (end) chunk, which is a stop token itself.
     """
+    space = space or space_of()
     from wmrl_trainer.prompts import task_prompt
 
     rng = random.Random(seed)
@@ -205,7 +237,7 @@ def sft_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], lis
     for _ in range(n):
         task = synthetic_task(rng)
         prompt = tokenizer(task_prompt(task))["input_ids"]
-        out.append((prompt, chunk_ids(tokenizer, solutions.sample_script(rng, task.kind))))
+        out.append((prompt, chunk_ids(tokenizer, space.sample(rng, task.kind))))
     return out
 
 
@@ -307,6 +339,12 @@ def recipe_hash(name: str = "tiny-coder") -> str:
 
         files += [Path(revisions.__file__), Path(observation.__file__)]
         multiturn = {"name": name, "repair": revisions.REPAIR_PROBABILITY, "revise": revisions.REVISE_SHARE}
+    wide = {}
+    if name == "tiny-coder-wide":
+        files.append(Path(wide_space.__file__))
+        wide = {"chunks": [(c.name, c.slot, c.code) for c in wide_space.CHUNKS], "grammar": wide_space.NEXT_ROLES,
+                "chain": wide_space.CHAIN_PROBABILITY, "max_chain": wide_space.MAX_CHAIN,
+                "bad": wide_space.BAD_PROBABILITY, "kind_match": wide_space.KIND_MATCH}
     sources = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
     blob = json.dumps({
@@ -315,7 +353,7 @@ def recipe_hash(name: str = "tiny-coder") -> str:
         "extra": _EXTRA_WORDS, "model": MODEL_SIZES, "sft": SFT,
         "kind_match": solutions.KIND_MATCH, "grammar": NEXT_ROLES, "task": repr(synthetic_task(random.Random(0))),
         "versions": [torch.__version__, transformers.__version__, tokenizers.__version__], "sources": sources,
-        **({"multiturn": multiturn} if multiturn else {}),
+        **({"multiturn": multiturn} if multiturn else {}), **({"wide": wide} if wide else {}),
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -335,9 +373,13 @@ def build_tiny_coder(directory: Path, warm_start_seed: int = 0, name: str = "tin
     """Build, warm-start and save builtin ``name`` into ``directory`` (seed: :func:`sft_seed`)."""
     seed = sft_seed(warm_start_seed)
     multiturn = name == "tiny-coder-multiturn"
-    tokenizer = build_tokenizer(multiturn)
-    model = build_model(tokenizer, seed=seed)
-    examples = (revision_examples if multiturn else sft_examples)(tokenizer, SFT["examples"], seed)
+    space = space_of(name)
+    tokenizer = build_tokenizer(multiturn, space)
+    model = build_model(tokenizer, seed=seed, space=space)
+    if multiturn:
+        examples = revision_examples(tokenizer, SFT["examples"], seed)
+    else:
+        examples = sft_examples(tokenizer, SFT["examples"], seed, space)
     losses = warm_start(model, tokenizer, examples, SFT["steps"], SFT["batch"], SFT["lr"], seed)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

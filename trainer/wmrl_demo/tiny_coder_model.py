@@ -30,6 +30,10 @@ Without the grammar a load chunk could follow a load chunk, and on some machines
 the policy into scripts that repeat the load chunk up to the token limit: every group then
 scored the same, advantages were zero, and nothing pulled the policy back.
 
+The table above is the tiny coder's grammar (:data:`ROLES`, :data:`NEXT_ROLES`); a config may
+carry another first-order grammar (``roles``/``next_roles``: ``builtin:tiny-coder-wide``'s, in
+:mod:`wmrl_demo.wide_space`).
+
 Blocked tokens get :data:`BLOCKED` (a large finite negative number, not ``-inf``): their
 probability is exactly 0 in float32 while ``p * log p`` stays 0 in entropy computations.
 """
@@ -53,25 +57,31 @@ NEXT_ROLES: dict[str, tuple[str, ...]] = {
 BLOCKED = -1.0e4
 
 
-def grammar_matrix(token_roles: Sequence[str]) -> torch.Tensor:
-    """``[V, len(ROLES)]``: entry (v, r) is the logit bias of token v right after a token of role ``ROLES[r]``."""
-    unknown = sorted(set(token_roles) - set(ROLES))
+def grammar_matrix(token_roles: Sequence[str], roles: Sequence[str] = ROLES,
+                   next_roles: Optional[dict[str, Sequence[str]]] = None) -> torch.Tensor:
+    """``[V, len(roles)]``: entry (v, r) is the logit bias of token v right after a token of role ``roles[r]``."""
+    next_roles = NEXT_ROLES if next_roles is None else next_roles
+    unknown = sorted(set(token_roles) - set(roles))
     if unknown:
-        raise ValueError(f"unknown token roles {unknown}; known: {list(ROLES)}")
-    matrix = torch.full((len(token_roles), len(ROLES)), BLOCKED)
-    for r, role in enumerate(ROLES):
-        allowed = [v for v, next_role in enumerate(token_roles) if next_role in NEXT_ROLES[role]]
+        raise ValueError(f"unknown token roles {unknown}; known: {list(roles)}")
+    matrix = torch.full((len(token_roles), len(roles)), BLOCKED)
+    for r, role in enumerate(roles):
+        allowed = [v for v, next_role in enumerate(token_roles) if next_role in next_roles[role]]
         matrix[allowed, r] = 0.0
     return matrix
 
 
 class TinyCoderConfig(Qwen2Config):
-    """Qwen2's config plus ``token_roles``: the grammar role of every vocabulary entry."""
+    """Qwen2's config plus ``token_roles`` (the grammar role of every vocabulary entry) and the grammar
+    itself (``roles``, ``next_roles``; the tiny coder's when not given)."""
 
     model_type = "wmrl-tiny-coder"
 
-    def __init__(self, token_roles: Optional[list[str]] = None, **kwargs: Any):
+    def __init__(self, token_roles: Optional[list[str]] = None, roles: Optional[list[str]] = None,
+                 next_roles: Optional[dict[str, list[str]]] = None, **kwargs: Any):
         self.token_roles = list(token_roles or [])
+        self.roles = list(roles or ROLES)
+        self.next_roles = {k: list(v) for k, v in (next_roles or NEXT_ROLES).items()}
         kwargs["tie_word_embeddings"] = False  # the head reads the embeddings itself (GrammarHead)
         super().__init__(**kwargs)
         if not hasattr(self, "auto_map"):
@@ -89,7 +99,8 @@ class GrammarBackbone(Qwen2Model):
 
     def role_ids(self, device: torch.device) -> torch.Tensor:
         if self._role_ids is None or self._role_ids.device != device:
-            self._role_ids = torch.tensor([ROLES.index(r) for r in self.config.token_roles], device=device)
+            self._role_ids = torch.tensor([self.config.roles.index(r) for r in self.config.token_roles],
+                                          device=device)
         return self._role_ids
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, **kwargs: Any) -> Any:
@@ -97,7 +108,7 @@ class GrammarBackbone(Qwen2Model):
             raise ValueError("the tiny coder's grammar needs input_ids (inputs_embeds alone cannot be constrained)")
         out = super().forward(input_ids=input_ids, **kwargs)
         hidden = out.last_hidden_state
-        roles = F.one_hot(self.role_ids(input_ids.device)[input_ids], len(ROLES)).to(hidden.dtype)
+        roles = F.one_hot(self.role_ids(input_ids.device)[input_ids], len(self.config.roles)).to(hidden.dtype)
         out.last_hidden_state = torch.cat([hidden, roles], dim=-1)
         return out
 
@@ -119,7 +130,8 @@ class GrammarHead:
     def weight(self) -> torch.Tensor:
         embedding = self._backbone.embed_tokens.weight
         if self._grammar is None or self._grammar.device != embedding.device:
-            self._grammar = grammar_matrix(self._backbone.config.token_roles).to(embedding.device)
+            config = self._backbone.config
+            self._grammar = grammar_matrix(config.token_roles, config.roles, config.next_roles).to(embedding.device)
         return torch.cat([embedding, self._grammar.to(embedding.dtype)], dim=1)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:

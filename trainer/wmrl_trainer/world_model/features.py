@@ -45,6 +45,11 @@ _FAMILY_OF_CLASS = {
 _CLASSIFIERS_BY_NAME = {"LogisticRegression", "LogisticRegressionCV", "SVC", "NuSVC", "LinearSVC", "Perceptron",
                         "GaussianNB", "MultinomialNB", "BernoulliNB", "ComplementNB"}
 _SCALERS = {"StandardScaler", "MinMaxScaler", "RobustScaler", "MaxAbsScaler", "Normalizer", "QuantileTransformer"}
+_PREPROCESSORS = _SCALERS | {"PolynomialFeatures", "PCA", "TruncatedSVD", "SelectKBest", "SplineTransformer"}
+WRAPPERS = {"GridSearchCV": "search", "RandomizedSearchCV": "search", "BaggingClassifier": "bagging",
+            "BaggingRegressor": "bagging", "StackingClassifier": "stacking", "StackingRegressor": "stacking",
+            "VotingClassifier": "voting", "VotingRegressor": "voting"}
+"""Meta-estimators around the model, by kind (named anywhere in the code: ``(A if c else B)(model)`` counts)."""
 # What the sandbox image provides besides the standard library.
 AVAILABLE_MODULES = {"numpy", "sklearn", "scipy", "joblib", "threadpoolctl"}
 _BUILTIN_NAMES = set(dir(builtins)) | {"__name__", "__file__", "__doc__", "__builtins__"}
@@ -64,6 +69,9 @@ class CodeFacts:
     undefined: list[tuple[str, int]] = field(default_factory=list)  # (name, line)
     max_estimators: int = 0
     tokens: list[str] = field(default_factory=list)
+    preprocessing_steps: int = 0  # preprocessors built (a chain of them counts each)
+    wrappers: set[str] = field(default_factory=set)  # kinds of meta-estimator (WRAPPERS)
+    retuned: int = 0  # hyperparameters changed after construction (set_params calls)
 
     @property
     def families(self) -> list[str]:
@@ -136,6 +144,10 @@ class _Scope(ast.NodeVisitor):
                 self.f.estimators.append(name)
             if name in _SCALERS:
                 self.f.scaler = True
+            if name in _PREPROCESSORS:
+                self.f.preprocessing_steps += 1
+            if name == "set_params":
+                self.f.retuned += 1
             for kw in node.keywords:
                 if kw.arg in ("n_estimators", "max_iter") and isinstance(kw.value, ast.Constant) \
                         and isinstance(kw.value.value, int):
@@ -149,6 +161,8 @@ class _Scope(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             self.loads.append((node.id, node.lineno))
+            if node.id in WRAPPERS:
+                self.f.wrappers.add(WRAPPERS[node.id])
         else:
             self.bound.add(node.id)
 

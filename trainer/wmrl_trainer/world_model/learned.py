@@ -80,16 +80,24 @@ def _unit_normals(*parts: str, n: int = 2) -> np.ndarray:
 FAMILY_COMPLEXITY = {"boosting": 1.0, "extra-trees": 0.9, "random-forest": 0.9, "mlp": 0.9, "svm": 0.6, "knn": 0.4,
                      "tree": 0.3, "naive-bayes": 0.2, "linear": 0.2, "dummy": 0.0, None: 0.0}
 _COMPLEXITY_WEIGHTS = {"family": 0.5, "size": 0.25, "preprocessing": 0.25}
+_ELABORATION_WEIGHTS = {"chain": 0.25, "wrappers": 0.25, "retuned": 0.1}
 
 
 def complexity(facts: CodeFacts) -> float:
     """How elaborate a script looks to a reviewer, in [0, 1]: the model family, its size
-    (estimators, log scale) and the preprocessing in front of it. The optimism of a biased
-    judge grows with it: elaborate code looks better than it scores."""
+    (estimators, log scale) and the preprocessing in front of it; then, capped at 1, what
+    the wide action space adds (:mod:`wmrl_demo.wide_space`): preprocessing chained beyond one
+    step, meta-estimators (search, bagging, stacking, voting) and hyperparameters raised after
+    construction. The optimism of a biased judge grows with it: elaborate code looks better
+    than it scores. A script of the tiny coder's space has none of the additions, so its
+    complexity is what it always was."""
     size = min(1.0, math.log10(max(1, facts.max_estimators)) / 3.0)
     preprocessing = min(1.0, 0.5 * facts.scaler + 1.0 * ("PolynomialFeatures" in facts.calls))
     parts = {"family": FAMILY_COMPLEXITY.get(facts.main_family, 0.0), "size": size, "preprocessing": preprocessing}
-    return float(sum(_COMPLEXITY_WEIGHTS[k] * v for k, v in parts.items()))
+    base = sum(_COMPLEXITY_WEIGHTS[k] * v for k, v in parts.items())
+    added = {"chain": min(1.0, max(0, facts.preprocessing_steps - 1) / 2), "wrappers": min(1.0, len(facts.wrappers) / 2),
+             "retuned": min(1.0, float(facts.retuned))}
+    return float(min(1.0, base + sum(_ELABORATION_WEIGHTS[k] * v for k, v in added.items())))
 
 
 class PriorJudge:
