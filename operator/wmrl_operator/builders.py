@@ -28,11 +28,15 @@ from wmrl.api.runconfig import (
     RunMetadata,
     Runtime,
 )
+from wmrl.calibration import TOKEN_ENV
 from wmrl.calibration.state import CalibrationConfig
 from wmrl.api.schema import API_VERSION, KIND, Mode, Resources, WMRLRunSpec
 
 RUN_LABEL = "wmrl.dev/run"
 CALIBRATION_LABEL = "wmrl.dev/calibration"
+CALIBRATION_READER_LABEL = "wmrl.dev/calibration-reader"
+"""On the operator's own Pods: a calibration's NetworkPolicy admits them to read it (into the run's status)."""
+TOKEN_KEY = "token"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "wmrl-operator"}
 CONFIG_MOUNT = "/etc/wmrl"
@@ -132,6 +136,16 @@ def rollout_name(run: Run) -> str:
 
 def calibration_name(run: Run, spec: WMRLRunSpec) -> str:
     return spec.calibration.name or f"{run.name}-calibration"
+
+
+def calibration_token_name(run: Run, spec: WMRLRunSpec) -> str:
+    """The Secret holding the calibration's token (key ``token``): the operator creates it once, never rewrites it."""
+    return f"{calibration_name(run, spec)}-token"
+
+
+def calibration_token_env(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
+    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": calibration_token_name(run, spec),
+                                                                "key": TOKEN_KEY}}}
 
 
 def calibration_shared(spec: WMRLRunSpec) -> bool:
@@ -384,6 +398,9 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
     ] + [{"name": k, "value": v} for k, v in TRAINER_CACHE_ENV.items()]
     if t.nodes > 1:
         env += [{"name": "MASTER_ADDR", "value": f"{name}-0.{name}"}, {"name": "MASTER_PORT", "value": str(MASTER_PORT)}]
+    if needs_calibration(spec):  # its token, and the label its calibration's NetworkPolicy admits
+        env.append(calibration_token_env(run, spec))
+        pod_labels[CALIBRATION_LABEL] = calibration_name(run, spec)
     ports = [{"name": "metrics", "containerPort": TRAINER_METRICS_PORT}]
     if t.nodes > 1:
         ports.append({"name": "dist", "containerPort": MASTER_PORT})
@@ -620,7 +637,8 @@ def calibration_objects(run: Run, spec: WMRLRunSpec, opts: Options = Options()) 
         "name": "calibration",
         "image": spec.calibration.image or opts.operator_image,
         "args": args,
-        "env": [{"name": "WMRL_CALIBRATION_CONFIG", "value": json.dumps(calibration_config(spec), sort_keys=True)}],
+        "env": [{"name": "WMRL_CALIBRATION_CONFIG", "value": json.dumps(calibration_config(spec), sort_keys=True)},
+                calibration_token_env(run, spec)],
         "ports": [{"name": "http", "containerPort": CALIBRATION_PORT}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": CALIBRATION_PORT}, "periodSeconds": 5},
         "securityContext": container_sec,
@@ -640,7 +658,35 @@ def calibration_objects(run: Run, spec: WMRLRunSpec, opts: Options = Options()) 
                   "template": {"metadata": {"labels": deployment_labels},
                                "spec": {"serviceAccountName": c, "securityContext": pod_sec, "containers": [container]}}}},
         _service(_calibration_meta(run, spec, c), selector, CALIBRATION_PORT, "http", headless=False),
+        calibration_network_policy(run, spec),
     ]
+
+
+def calibration_token_secret(run: Run, spec: WMRLRunSpec, token: str) -> dict[str, Any]:
+    """The calibration's token Secret, created once with ``token`` (the reconciler draws it) and never rewritten:
+    re-applying would rotate it under running trainers."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _calibration_meta(run, spec, calibration_token_name(run, spec)),
+            "stringData": {TOKEN_KEY: token}}
+
+
+def calibration_network_policy(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
+    """Ingress to the calibration service only from the trainers that share it (any run's, labelled with
+    its name) and from the operator's Pods (reads for the run's status)."""
+    c = calibration_name(run, spec)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _calibration_meta(run, spec, c),
+        "spec": {
+            "podSelector": {"matchLabels": {CALIBRATION_LABEL: c, COMPONENT_LABEL: "calibration"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {CALIBRATION_LABEL: c, COMPONENT_LABEL: "trainer"}}},
+                                  {"namespaceSelector": {},
+                                   "podSelector": {"matchLabels": {CALIBRATION_READER_LABEL: "true"}}}],
+                         "ports": [{"protocol": "TCP", "port": CALIBRATION_PORT}]}],
+        },
+    }
 
 
 def ownership_conflict(run: Run, desired: dict[str, Any], existing: Optional[dict[str, Any]]) -> Optional[str]:

@@ -25,6 +25,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Pod"): "pods",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+    ("v1", "Secret"): "secrets",
     ("v1", "Event"): "events",
     ("apps/v1", "Deployment"): "deployments",
     ("batch/v1", "Job"): "jobs",

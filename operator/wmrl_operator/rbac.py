@@ -43,6 +43,9 @@ CLUSTER_ROLE_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": CHILD_VERBS},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": CHILD_VERBS},
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
+    # A calibration's token: created once (409 when it exists). Never read, listed, updated or watched: the
+    # operator must not be a way to read the cluster's Secrets.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]},

@@ -10,6 +10,7 @@ objects and never duplicates them.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import datetime as dt
 import logging
 import time
@@ -50,6 +51,7 @@ class Reconciler:
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.recommendations = Recommendations()
         self.slots = asyncio.Semaphore(settings.max_concurrent)
+        self._tokens: set[tuple[str, str]] = set()  # calibration token Secrets known to exist (namespace, name)
 
     # ------------------------------------------------------------ entry points
 
@@ -257,6 +259,8 @@ class Reconciler:
         if skip_calibration:
             names = {(o["kind"], o["metadata"]["name"]) for o in builders.calibration_objects(run, spec, opts)}
             objs = [o for o in objs if (o["kind"], o["metadata"]["name"]) not in names]
+        if builders.needs_calibration(spec) and not skip_calibration:
+            await self._ensure_calibration_token(run, spec)  # before the Pods that read it
         job = [o for o in objs if o["kind"] == "Job"]
         others = [o for o in objs if o["kind"] != "Job"]
         # Independent objects in parallel; the Job last, once its SA, config and Services exist.
@@ -268,6 +272,22 @@ class Reconciler:
             except ApiError as exc:
                 if exc.status != 409:  # the old incarnation still terminating: the next event retries
                     raise
+
+    async def _ensure_calibration_token(self, run: builders.Run, spec: WMRLRunSpec) -> None:
+        """Create the calibration's token Secret unless it exists; never rewrite one (trainers hold it).
+
+        Create-only on purpose: the operator may create Secrets but not read them, so "exists" is
+        the apiserver's 409. Once made or found, a token is remembered for this process.
+        """
+        key = (run.namespace, builders.calibration_token_name(run, spec))
+        if key in self._tokens:
+            return
+        try:
+            await self.kube.create(builders.calibration_token_secret(run, spec, secrets.token_urlsafe(32)))
+        except ApiError as exc:
+            if exc.status != 409:  # 409: another run sharing it (or an earlier operator) made it; it stands
+                raise
+        self._tokens.add(key)
 
     async def _prune(self, run: builders.Run, desired: list[dict[str, Any]]) -> None:
         """Delete the children a spec change made unwanted (no GPU stays allocated to an old vLLM)."""

@@ -186,3 +186,44 @@ def test_local_calibration_has_the_client_interface():
         local.observe([group(rng) for _ in range(2)])
     assert local.view()["map"] is not None and local.stale_seconds == 0.0
     assert local.calibrate([0.5]).shape == (1,) and local.weight >= 1.0
+
+
+def test_observations_need_the_token_and_reads_do_not(servers, tmp_path):
+    """With WMRL_CALIBRATION_TOKEN set (from the calibration's Secret in a cluster), an observation
+    without the token, or with another, is refused with 401 and changes nothing; reads stay open
+    (the operator copies them into the run's status)."""
+    token = "s3cret-token-for-this-calibration"
+    server = servers("--state-file", str(tmp_path / "state.json"), env={"WMRL_CALIBRATION_TOKEN": token}).start()
+    body = {"trainer": "t", "batch": "b0", "groups": [GOOD]}
+    for headers in ({}, {"Authorization": "Bearer another"}, {"Authorization": token}):
+        refused = httpx.post(server.url + "/v1/observations", json=body, headers=headers, timeout=10)
+        assert refused.status_code == 401 and "token" in refused.json()["error"], refused.text
+        assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+    view = httpx.get(server.url + "/v1/calibration", timeout=10)
+    assert view.status_code == 200 and view.json()["pairs"] == 0  # nothing was folded in
+    accepted = httpx.post(server.url + "/v1/observations", json=body,
+                          headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert accepted.status_code == 200 and accepted.json()["pairs"] == 2
+    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    assert "wmrl_calibration_unauthorized_total 3.0" in metrics
+
+
+def test_the_client_sends_the_token_and_keeps_what_a_wrong_one_could_not_deliver(servers, tmp_path, monkeypatch):
+    token = "the-right-token"
+    server = servers("--state-file", str(tmp_path / "state.json"), env={"WMRL_CALIBRATION_TOKEN": token}).start()
+    rng = np.random.default_rng(0)
+    wrong = CalibrationClient(server.url, "wrong", token="not-it", backoff_max=0.2)
+    try:
+        wrong.observe([group(rng)])
+        assert not wrong.flush(timeout=2.0)  # refused, kept and retried: never dropped
+        assert wrong.dropped_batches == 0 and "HTTP 401" in (wrong.last_error or "")
+    finally:
+        wrong.close(timeout=0.5)
+    monkeypatch.setenv("WMRL_CALIBRATION_TOKEN", token)  # what the trainer Pod gets from the Secret
+    right = CalibrationClient(server.url, "right")
+    try:
+        right.observe([group(rng)])
+        assert right.flush(timeout=10.0) and right.acknowledged_batches == 1
+    finally:
+        right.close()
+    assert httpx.get(server.url + "/v1/calibration", timeout=10).json()["pairs"] == 8

@@ -30,7 +30,8 @@ def test_wmrl_mode_objects_names_and_order():
         ("ConfigMap", "demo-config"), ("ServiceAccount", "demo-trainer"), ("Role", "demo-trainer"),
         ("RoleBinding", "demo-trainer"), ("ConfigMap", "demo-calibration-state"),
         ("ServiceAccount", "demo-calibration"), ("Role", "demo-calibration"), ("RoleBinding", "demo-calibration"),
-        ("Deployment", "demo-calibration"), ("Service", "demo-calibration"), ("NetworkPolicy", "demo-sandbox"),
+        ("Deployment", "demo-calibration"), ("Service", "demo-calibration"), ("NetworkPolicy", "demo-calibration"),
+        ("NetworkPolicy", "demo-sandbox"),
         ("Service", "demo-sandbox"), ("Deployment", "demo-sandbox"), ("Service", "demo-world-model"),
         ("Deployment", "demo-world-model"), ("Job", "demo-trainer"),
     }
@@ -73,6 +74,37 @@ def test_calibration_deployment_runs_the_service_on_its_configmap():
     assert "data" not in objs[("ConfigMap", "demo-calibration-state")]  # the service owns the state
 
 
+def _token_ref(container):
+    found = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] == "WMRL_CALIBRATION_TOKEN"]
+    return found[0] if found else None
+
+
+def test_the_calibration_and_its_trainers_share_a_token_and_only_they_are_admitted():
+    objs = by_kind_name(b.children(RUN, spec(calibration={"name": "team-cal"})))
+    ref = {"name": "team-cal-token", "key": "token"}
+    assert _token_ref(objs[("Deployment", "team-cal")]["spec"]["template"]["spec"]["containers"][0]) == ref
+    job = objs[("Job", "demo-trainer")]["spec"]["template"]
+    assert _token_ref(job["spec"]["containers"][0]) == ref
+    assert job["metadata"]["labels"]["wmrl.dev/calibration"] == "team-cal"
+    assert not any(o["kind"] == "Secret" for o in objs.values())  # drawn once by the reconciler, never applied
+    secret = b.calibration_token_secret(RUN, spec(calibration={"name": "team-cal"}), "tok")
+    assert secret["metadata"]["name"] == "team-cal-token" and secret["stringData"] == {"token": "tok"}
+    assert "ownerReferences" not in secret["metadata"]  # shared: it outlives any one run
+    own = b.calibration_token_secret(RUN, spec(), "tok")
+    assert own["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    policy = objs[("NetworkPolicy", "team-cal")]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"wmrl.dev/calibration": "team-cal",
+                                                    "app.kubernetes.io/component": "calibration"}
+    assert policy["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {
+        "wmrl.dev/calibration": "team-cal", "app.kubernetes.io/component": "trainer"}
+
+
+def test_a_run_without_calibration_gets_no_token():
+    objs = by_kind_name(b.children(RUN, spec(mode="real")))
+    job = objs[("Job", "demo-trainer")]["spec"]["template"]
+    assert _token_ref(job["spec"]["containers"][0]) is None and "wmrl.dev/calibration" not in job["metadata"]["labels"]
+
+
 def test_rendered_config_round_trips_and_names_runtime_endpoints():
     objs = by_kind_name(b.children(RUN, spec()))
     text = objs[("ConfigMap", "demo-config")]["data"]["run.yaml"]
@@ -92,7 +124,7 @@ def test_trainer_job_gpus_config_mount_env_and_no_kube_retries():
     c = pod["containers"][0]
     assert c["command"] == ["wmrl", "launch", "--config", "/etc/wmrl/run.yaml"]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "4" == c["resources"]["limits"]["nvidia.com/gpu"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["WMRL_RUN"] == "demo" and env["WMRL_NAMESPACE"] == "ns1"
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["config"]["configMap"]["name"] == "demo-config"
@@ -116,7 +148,7 @@ def test_multi_node_is_indexed_with_headless_service():
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
     assert job["spec"]["template"]["spec"]["subdomain"] == "demo-trainer"
-    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MASTER_ADDR"] == "demo-trainer-0.demo-trainer" and env["MASTER_PORT"] == str(b.MASTER_PORT)
     svc = objs[("Service", "demo-trainer")]
     assert svc["spec"]["clusterIP"] == "None"
@@ -323,7 +355,7 @@ def test_trainer_pod_is_hardened_with_writable_scratch_and_cache_env():
     vols = volumes_of(job)
     for name in ("tmp", "home", "cache"):  # disk-backed: model downloads are large, and no sizeLimit evicts the trainer
         assert vols[name]["emptyDir"] == {}, name
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["HOME"] == "/home/wmrl"
     for key in ("XDG_CACHE_HOME", "HF_HOME", "TRITON_CACHE_DIR", "WMRL_CACHE"):
         assert env[key].startswith("/var/cache/wmrl"), key
@@ -395,7 +427,8 @@ def test_webhook_rbac_is_limited_to_the_operators_own_configurations():
     assert {"apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
             "resourceNames": ["wmrl.dev"], "verbs": ["patch"]} in webhook
-    assert not any("secrets" in r["resources"] for r in rbac.rules(webhook=True))
+    # Secrets: the calibration tokens, create only; the operator can never read the cluster's Secrets.
+    assert [r["verbs"] for r in rbac.rules(webhook=True) if "secrets" in r["resources"]] == [["create"]]
     # rules() hands out copies: editing one cannot change the module's rules.
     rbac.rules(webhook=True)[-1]["resourceNames"].append("other")
     assert rbac.WEBHOOK_RULES[-1]["resourceNames"] == ["wmrl.dev"]

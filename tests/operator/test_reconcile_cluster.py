@@ -17,7 +17,7 @@ CHILDREN = [
     ("service", "{r}-sandbox"), ("networkpolicy", "{r}-sandbox"), ("deployment", "{r}-world-model"),
     ("service", "{r}-world-model"), ("configmap", "{r}-calibration-state"), ("deployment", "{r}-calibration"),
     ("service", "{r}-calibration"), ("serviceaccount", "{r}-calibration"), ("role", "{r}-calibration"),
-    ("rolebinding", "{r}-calibration"),
+    ("rolebinding", "{r}-calibration"), ("secret", "{r}-calibration-token"), ("networkpolicy", "{r}-calibration"),
 ]
 
 
@@ -243,7 +243,48 @@ def test_deleting_a_run_garbage_collects_children_but_not_a_shared_calibration(k
         if "calibration" in name:
             continue
         wait_for(lambda: kube.get(kind, name) is None, timeout=60, what=f"{kind}/{name} collected")
-    for kind, name in (("deployment", "shared-cal"), ("service", "shared-cal"), ("configmap", "shared-cal-state")):
+    for kind, name in (("deployment", "shared-cal"), ("service", "shared-cal"), ("configmap", "shared-cal-state"),
+                       ("secret", "shared-cal-token"), ("networkpolicy", "shared-cal")):
         obj = kube.get(kind, name)
         assert obj is not None and "ownerReferences" not in obj["metadata"]
         assert obj["metadata"]["labels"]["wmrl.dev/calibration"] == "shared-cal"
+
+
+def _token_ref(container):
+    refs = [e["valueFrom"]["secretKeyRef"] for e in container.get("env") or []
+            if e["name"] == "WMRL_CALIBRATION_TOKEN"]
+    return refs[0] if refs else None
+
+
+def test_a_calibration_token_is_made_once_and_only_its_trainers_are_admitted(kube, operator):
+    """Issue 14 item 4: the calibration service needs a per-calibration token from a Secret the operator
+    creates once (never rotated under running trainers; shared by the runs that share the calibration),
+    and a NetworkPolicy admits only the trainers labelled with that calibration, and the operator."""
+    import base64
+
+    kube.apply(run_manifest("kappa", calibration={"name": "kappa-shared"}))
+    kube.apply(run_manifest("lambda", calibration={"name": "kappa-shared"}))
+    secret = wait_for(lambda: kube.get("secret", "kappa-shared-token"), what="token secret")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) >= 40 and "ownerReferences" not in secret["metadata"]  # shared: belongs to no run
+    service = wait_for(lambda: kube.get("deployment", "kappa-shared"), what="calibration deployment")
+    assert _token_ref(service["spec"]["template"]["spec"]["containers"][0]) == {"name": "kappa-shared-token",
+                                                                                 "key": "token"}
+    for run in ("kappa", "lambda"):
+        job = wait_for(lambda: kube.get("job", f"{run}-trainer"), what=f"{run}'s job")
+        template = job["spec"]["template"]
+        assert _token_ref(template["spec"]["containers"][0])["name"] == "kappa-shared-token"
+        assert template["metadata"]["labels"]["wmrl.dev/calibration"] == "kappa-shared"
+    policy = kube.get("networkpolicy", "kappa-shared")["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"wmrl.dev/calibration": "kappa-shared",
+                                                    "app.kubernetes.io/component": "calibration"}
+    [rule] = policy["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    peers = [p["podSelector"]["matchLabels"] for p in rule["from"]]
+    assert peers == [{"wmrl.dev/calibration": "kappa-shared", "app.kubernetes.io/component": "trainer"},
+                     {"wmrl.dev/calibration-reader": "true"}]
+    # A spec change re-applies every child: the token stays what the trainers already hold.
+    kube.run("patch", "wmrlrun", "kappa", "-n", kube.ns, "--type=merge", "-p",
+             json.dumps({"spec": {"algorithm": {"steps": 7}}}))
+    wait_for(lambda: (kube.status("kappa") or {}).get("observedGeneration") == 2, what="generation 2 reconciled")
+    assert kube.get("secret", "kappa-shared-token")["data"]["token"] == secret["data"]["token"]

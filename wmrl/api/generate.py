@@ -111,7 +111,8 @@ def install_objects() -> list[dict[str, Any]]:
             "strategy": {"type": "RollingUpdate" if values["leaderElection"]["enabled"] else "Recreate"},
             "selector": {"matchLabels": pod_labels},
             "template": {
-                "metadata": {"labels": pod_labels},
+                # The calibration services' NetworkPolicies admit the operator's Pods by this label.
+                "metadata": {"labels": {**pod_labels, "wmrl.dev/calibration-reader": "true"}},
                 "spec": {
                     "serviceAccountName": name,
                     "securityContext": {

@@ -4,3 +4,6 @@
 :class:`~wmrl.calibration.store.ConfigMapStore`; ``service`` needs aiohttp.
 Nothing here is imported eagerly.
 """
+
+TOKEN_ENV = "WMRL_CALIBRATION_TOKEN"
+"""The shared secret a trainer presents to add observations (the operator fills it from the calibration's Secret)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import threading
 import time
@@ -31,6 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from wmrl.calibration import TOKEN_ENV
 from wmrl.calibration.state import CalibrationConfig, CalibrationState, validate_groups
 from wmrl.debias import CalibrationMap, apply_map
 
@@ -128,8 +130,10 @@ class LocalCalibration:
 class CalibrationClient:
     def __init__(self, url: str, trainer_id: str, *, batch_groups: int = 256, flush_interval: float = 0.25,
                  refresh_interval: float = 2.0, timeout: float = 10.0, backoff_initial: float = 0.05,
-                 backoff_max: float = 5.0, max_pending_groups: int = 100_000):
+                 backoff_max: float = 5.0, max_pending_groups: int = 100_000, token: Optional[str] = None):
+        """``token``: the calibration's token (default ``$WMRL_CALIBRATION_TOKEN``), sent with observations."""
         import httpx
+
 
         if not trainer_id:
             raise ValueError("trainer_id must be a non-empty string")
@@ -139,7 +143,8 @@ class CalibrationClient:
         self.backoff_initial, self.backoff_max = backoff_initial, backoff_max
         self.max_pending_groups = max_pending_groups
         self.dropped_groups = 0
-        self._http = httpx.Client(timeout=timeout)
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._http = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {token}"} if token else None)
         self._session = secrets.token_hex(4)  # a restarted trainer sends new data under new ids
         self._seq = 0
         self._queue: list[dict] = []
@@ -288,8 +293,9 @@ class CalibrationClient:
             return True
         message = _error_text(response)
         self.last_error = f"POST /v1/observations: HTTP {response.status_code}: {message}"
-        if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
-            # cannot succeed by retrying (validated locally, so this is a version mismatch): drop it
+        if 400 <= response.status_code < 500 and response.status_code not in (401, 403, 408, 429):
+            # cannot succeed by retrying (validated locally, so this is a version mismatch): drop it.
+            # A refused token (401/403) is kept and retried: the data is good, the configuration is not.
             log.error("calibration service rejected batch %s: %s", batch_id, message)
             with self._cond:
                 self._inflight = None

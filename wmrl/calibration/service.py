@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
 import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Optional
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from wmrl.calibration import TOKEN_ENV
 from wmrl.calibration.state import CalibrationConfig, CalibrationState, StateError, validate_groups, _check_id
 from wmrl.calibration.store import StoreError, open_store
 
@@ -79,6 +81,8 @@ class Metrics:
         self.batches = Counter("wmrl_calibration_batches", "Observation batches acknowledged", ["result"], registry=r)
         self.groups = Counter("wmrl_calibration_groups", "Anchor groups folded in", registry=r)
         self.bad_requests = Counter("wmrl_calibration_bad_requests", "Requests rejected as bad input", registry=r)
+        self.unauthorized = Counter("wmrl_calibration_unauthorized", "Observations refused for a missing or wrong "
+                                    "token", registry=r)
         self.store_errors = Counter("wmrl_calibration_store_errors", "Failed store reads/writes", registry=r)
         self.conflicts = Gauge("wmrl_calibration_store_conflicts", "Optimistic-concurrency conflicts so far", registry=r)
         self.commit_seconds = Histogram("wmrl_calibration_commit_seconds", "Durable write latency", registry=r,
@@ -101,7 +105,12 @@ class Metrics:
 
 
 class CalibrationService:
-    def __init__(self, store: Any, max_body_bytes: int = DEFAULT_MAX_BODY):
+    """``token``: when set, ``POST /v1/observations`` needs ``Authorization: Bearer <token>`` (401
+    otherwise); reads (``GET /v1/calibration``, health, metrics) stay open: the operator reads
+    the calibration into the run's status, and the state is the same figures."""
+
+    def __init__(self, store: Any, max_body_bytes: int = DEFAULT_MAX_BODY, token: Optional[str] = None):
+        self.token = token or None
         self.store = store
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics()
@@ -172,7 +181,18 @@ class CalibrationService:
                     future.set_result({"applied": ok, **view})
 
     # ---- handlers
+    def _authorized(self, request: web.Request) -> bool:
+        if self.token is None:
+            return True
+        given = request.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+
     async def post_observations(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            self.metrics.unauthorized.inc()
+            return web.json_response({"error": "observations need this calibration's token "
+                                               "(Authorization: Bearer <token>, from its Secret)"},
+                                     status=401, headers={"WWW-Authenticate": 'Bearer realm="wmrl-calibration"'})
         try:
             if request.content_length is not None and request.content_length > self.max_body_bytes:
                 raise BadRequest(f"body of {request.content_length} bytes exceeds the limit of "
@@ -286,7 +306,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"wmrl calibration serve: {exc}", file=sys.stderr)
         return 2
-    service = CalibrationService(store, args.max_body_bytes)
+    service = CalibrationService(store, args.max_body_bytes, token=os.environ.get(TOKEN_ENV))
+    if service.token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("no %s: any client that reaches %s:%d can add observations", TOKEN_ENV, args.host, args.port)
     web.run_app(service.app(), host=args.host, port=args.port, access_log=None,
                 print=lambda msg: log.info("%s", msg))
     return 0
