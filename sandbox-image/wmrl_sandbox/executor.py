@@ -432,12 +432,18 @@ def _reap_orphans() -> None:
                 pass
 
 
-def kill_everything(pgid: int, uid: Optional[int], marker: str, deadline_s: float = 5.0) -> set[int]:
-    """Kill the execution's process group and every process that escaped it; returns the pids found."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def kill_everything(pgid: Optional[int], uid: Optional[int], marker: str, deadline_s: float = 5.0) -> set[int]:
+    """Kill the execution's process group and every process that escaped it; returns the pids found.
+
+    ``pgid`` None: no process group to kill first (a warm execution, whose main process the fork
+    server may already have reaped: its pid, and so its group id, may name another process now;
+    the slot's uid covers every process of the execution).
+    """
+    if pgid is not None:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     seen: set[int] = set()
     end = time.monotonic() + deadline_s
     clean_scans = 0
@@ -570,6 +576,9 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
             _drop_to(uid)
             if warm:
                 _clear_capabilities()
+                # A uid change without execve leaves the process non-dumpable (its /proc files root's);
+                # a cold execution is dumpable after its execve: the same here.
+                _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
         if own_filter:  # last: nothing above may be refused by it
             seccomp.install()
 
@@ -952,7 +961,11 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                 job = job_message(warm, script=str(workdir / SCRIPT_NAME), workdir=str(workdir), exec_dir=str(exec_dir),
                                   env=_child_env(str(workdir), marker), uid=uid, isolation=isolation, limits=limits,
                                   memory_mb=memory_mb, run_timeout=run_timeout, python=python)
-                proc = warm.spawn(job, ns_child.fileno() if ns_child is not None else None)
+                try:
+                    proc = warm.spawn(job, ns_child.fileno() if ns_child is not None else None)
+                except BaseException:
+                    kill_everything(None, uid, marker)  # a child may have been forked before it failed
+                    raise
             else:
                 proc = subprocess.Popen(
                     command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -985,7 +998,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         elapsed = time.monotonic() - start
         # The execution ends with its main process: whatever it left behind dies now, which
         # also closes any pipe a daemonized grandchild kept open.
-        killed = kill_everything(proc.pid, uid, marker)
+        group = None if warm is not None else proc.pid
+        killed = kill_everything(group, uid, marker)
         if init_fd is not None:
             _end_namespace(init_fd)
         return_code = proc.wait()
@@ -1020,10 +1034,12 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
             os.close(ns_fd)
         if proc is not None:
             if proc.returncode is None:
-                kill_everything(proc.pid, uid, marker)
-                if init_fd is not None:
-                    _end_namespace(init_fd)
-                proc.wait()
+                try:
+                    kill_everything(None if warm is not None else proc.pid, uid, marker)
+                    if init_fd is not None:
+                        _end_namespace(init_fd)
+                finally:
+                    proc.wait()  # a warm one also frees its fork server here
             _active_mains.discard(proc.pid)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None and not stream.closed:

@@ -375,8 +375,7 @@ class SandboxServer:
 
     def _execute(self, job: ExecutionRequest, uid: Optional[int]) -> ExecutionResult:
         return executor.execute(job, work_root=self.work_root, uid=uid, isolation=self.isolation,
-                                limits=self.limits, python=self.python,
-                                warm=self.warm.for_slot(uid, executor.memory_limit_mb(job.memory_limit_mb, self.limits)))
+                                limits=self.limits, python=self.python, warm=self.warm.for_slot(uid))
 
 
 def _env(name: str, cast, default):

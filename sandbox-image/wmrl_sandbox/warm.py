@@ -29,11 +29,11 @@ runs a new program, so executions there start cold; :attr:`WarmSlots.reason` say
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import importlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -54,11 +54,6 @@ WARM_MODULES: tuple[str, ...] = (
 )
 """Imported by every fork server before it serves (a module that fails to import is skipped and reported)."""
 
-HEADROOM_MB = 256
-"""A warm execution's address-space limit (RLIMIT_AS, exactly the request's) must exceed the fork server's
-own address space by this much, else the execution starts cold: the pre-imported stack counts against the
-limit, as it would if the program imported it itself."""
-
 READY_TIMEOUT_S = 120.0
 _PR_SET_PDEATHSIG = 1
 _PR_SET_KEEPCAPS = 8
@@ -66,17 +61,28 @@ _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The zygote's environment while it imports: one thread per BLAS/OpenMP pool (as executions get), and no
 # allocator threads (a process must be single-threaded when it forks).
 _ZYGOTE_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "ARROW_DEFAULT_MEMORY_POOL": "system", "MPLBACKEND": "Agg", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+               "ARROW_DEFAULT_MEMORY_POOL": "system", "JE_ARROW_MALLOC_CONF": "background_thread:false",
+               "MPLBACKEND": "Agg", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                "PATH": "/usr/local/bin:/usr/bin:/bin"}
 _libc = ctypes.CDLL(None, use_errno=True)
+log = logging.getLogger("wmrl.sandbox")
 
 
 # --------------------------------------------------------------------------- the zygote (its own process)
 
 
 def serve(fd: int, modules: list[str]) -> None:
-    """The zygote's main loop: import ``modules``, say ready, then fork one child per request."""
+    """The zygote's main loop: import ``modules``, say ready, then fork one child per request.
+
+    Nothing is ever imported from a directory a request controls: the current directory and
+    this package's parent leave ``sys.path`` before anything else, and the modules a child needs
+    to isolate itself (the executor, seccomp) are imported here, while the child still runs as root.
+    """
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the server
+    base_vm_mb = _vm_mb()  # a bare interpreter's address space, before any import
+    from wmrl_sandbox import executor, seccomp  # noqa: F401 - imported now, as root, from the package
+
+    sys.path[:] = [p for p in sys.path if p not in ("", _PACKAGE_PARENT)]
     sock = socket.socket(fileno=fd)
     imported, failed = [], {}
     for name in modules:
@@ -90,10 +96,11 @@ def serve(fd: int, modules: list[str]) -> None:
     gc.collect()
     gc.freeze()  # keep the imported objects out of the children's collections: fewer copy-on-write pages
     found = sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path)
-                    if p and os.path.isdir(p) and os.path.realpath(p) != _PACKAGE_PARENT})
+                    if p and os.path.isdir(p)})
     libraries = [p for p in found if not any(p.startswith(q + "/") for q in found)]  # the outermost of each tree
-    sock.send(json.dumps({"ready": True, "modules": imported, "failed": failed, "vm_mb": _vm_mb(),
-                          "libraries": libraries,
+    vm_mb = _vm_mb()
+    sock.send(json.dumps({"ready": True, "modules": imported, "failed": failed, "vm_mb": vm_mb,
+                          "preloaded_mb": max(0, vm_mb - base_vm_mb), "libraries": libraries,
                           "threads": len(os.listdir("/proc/self/task"))}).encode())
     while True:
         try:
@@ -123,7 +130,7 @@ def _vm_mb() -> int:
 
 
 def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma: no cover - in the child
-    """Become the execution: its descriptors, directory, environment and isolation, then its program."""
+    """Become the execution: its descriptors, environment and isolation, then its directory and program."""
     try:
         control.close()
         os.setsid()
@@ -135,7 +142,6 @@ def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma
             if descriptor not in keep:
                 with contextlib.suppress(OSError):
                     os.close(descriptor)
-        os.chdir(job["workdir"])
         os.environ.clear()
         os.environ.update(job["env"])
         from wmrl_sandbox import executor
@@ -147,6 +153,7 @@ def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma
                                job["python"], ns_sock=ns_sock, warm=True, reveal=tuple(job["reveal"]))()
         if ns_sock is not None:
             ns_sock.close()
+        os.chdir(job["workdir"])  # as the slot's uid, in its own mount namespace
     except BaseException as exc:  # noqa: BLE001 - the sandbox failed before the program: say so, never run it
         with contextlib.suppress(BaseException):
             os.write(2, f"sandbox error: warm start: {type(exc).__name__}: {exc}\n".encode())
@@ -155,7 +162,9 @@ def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma
 
 
 def _run_program(script: str) -> None:  # pragma: no cover - in the child
-    """``python main.py`` from here on: a fresh ``__main__``, the interpreter's tracebacks and exit."""
+    """``python main.py`` from here on: a fresh ``__main__``, the interpreter's tracebacks, and its
+    own exit (``SystemExit`` leaves every frame here, so finalization runs: files are flushed and
+    closed, ``__del__`` and ``atexit`` run, non-daemon threads are joined)."""
     import builtins
     import random
 
@@ -164,48 +173,35 @@ def _run_program(script: str) -> None:  # pragma: no cover - in the child
     if numpy is not None:
         numpy.random.seed()
     sys.argv = [script]
-    sys.path[:] = [os.path.dirname(script)] + [p for p in sys.path[1:] if p != _PACKAGE_PARENT]
+    sys.path[:] = [os.path.dirname(script)] + sys.path
     main = types.ModuleType("__main__")
     main.__dict__.update({"__file__": script, "__builtins__": builtins, "__cached__": None})
     sys.modules["__main__"] = main
-    code = 0
     try:
         with open(script, "rb") as fh:
             source = fh.read()
         exec(compile(source, script, "exec", dont_inherit=True), main.__dict__)  # noqa: S102 - this is the sandbox
-    except SystemExit as exc:
-        code = _exit_status(exc.code)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt as exc:  # the interpreter prints it, then dies of SIGINT
+        _print_exception(exc)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException as exc:  # noqa: BLE001 - printed like the interpreter does, without this frame
-        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        _print_exception(exc)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
+
+
+def _print_exception(exc: BaseException) -> None:  # pragma: no cover - in the child
+    tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+    try:
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        code = 1
-    _exit_like_the_interpreter(code)
-
-
-def _exit_status(value: Any) -> int:
-    """What ``sys.exit(value)`` makes the interpreter exit with."""
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value & 0xFF
-    with contextlib.suppress(BaseException):
-        print(value, file=sys.stderr)
-    return 1
-
-
-def _exit_like_the_interpreter(code: int) -> None:  # pragma: no cover - in the child
-    try:
-        threading._shutdown()  # join non-daemon threads, as the interpreter does at exit
-    except BaseException:  # noqa: BLE001
-        pass
-    try:
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001
-        pass
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    os._exit(code)
+    except BaseException:  # noqa: BLE001 - a broken hook: the default one, as the interpreter falls back
+        traceback.print_exception(type(exc), exc, tb)
 
 
 # --------------------------------------------------------------------------- the server side
@@ -227,18 +223,23 @@ class WarmChild:
         return os.dup(self._pidfd)
 
     def wait(self) -> int:
-        """The exit code (negative: killed by that signal), once the zygote has reaped the child."""
+        """The exit code (negative: killed by that signal), once the zygote has reaped the child.
+
+        If the zygote died meanwhile, its exit status is lost and -SIGKILL stands for it (every
+        process of the slot's uid has been killed by then).
+        """
         if self.returncode is None:
             try:
                 status = self._zygote.receive(timeout=30.0)["status"]
                 self.returncode = os.waitstatus_to_exitcode(status)
-            except (OSError, KeyError, ValueError):  # the zygote is gone: the child was killed with it
+            except Exception:  # noqa: BLE001 - the zygote is gone or confused: never trust it again
                 self._zygote.stop()
                 self.returncode = -signal.SIGKILL
             finally:
-                os.close(self._pidfd)
+                if self._pidfd >= 0:
+                    os.close(self._pidfd)
+                    self._pidfd = -1
                 self._zygote.busy = False
-
         return self.returncode
 
 
@@ -251,9 +252,14 @@ class Zygote:
         self.busy = False
         self._proc: Optional[subprocess.Popen] = None
         self._sock: Optional[socket.socket] = None
+        self._lock = threading.RLock()  # its slot's worker and the server's start-up wait may both touch it
 
     def start(self) -> None:
-        self.stop()
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
+        self._stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         boot = (f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); from wmrl_sandbox.warm import serve; "
                 f"serve({theirs.fileno()}, {list(self.modules)!r})")
@@ -270,6 +276,10 @@ class Zygote:
 
     def ready(self, timeout: float = 0.0) -> bool:
         """Whether it has imported its modules and serves (waits up to ``timeout`` seconds for that)."""
+        with self._lock:
+            return self._ready(timeout)
+
+    def _ready(self, timeout: float) -> bool:
         if self.info is not None:
             return self.alive()
         if self._sock is None:
@@ -279,12 +289,25 @@ class Zygote:
         except (TimeoutError, BlockingIOError):
             return False
         except (OSError, ValueError):
-            self.stop()
+            self._stop()
+            return False
+        if self.info.get("threads") != 1:  # forking a threaded process is unsafe: stay cold
+            log.warning("fork server has %s threads after its imports: not used", self.info.get("threads"))
+            self._stop()
             return False
         return True
 
+    def poll_ready(self) -> None:
+        """Take its ready message if it has come, unless someone else holds it right now."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._ready(0.0)
+            finally:
+                self._lock.release()
+
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        proc = self._proc
+        return proc is not None and proc.poll() is None
 
     def receive(self, timeout: Optional[float]) -> dict:
         self._sock.settimeout(timeout)
@@ -295,6 +318,10 @@ class Zygote:
 
     def spawn(self, job: dict, ns_fd: Optional[int]) -> WarmChild:
         """Fork a child for ``job``, its stdin/stdout/stderr on new pipes (and the mount-namespace socket)."""
+        with self._lock:
+            return self._spawn(job, ns_fd)
+
+    def _spawn(self, job: dict, ns_fd: Optional[int]) -> WarmChild:
         pipes = [os.pipe() for _ in range(3)]  # (read, write) each; the child gets stdin's read end, the others' write ends
         theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
         ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
@@ -310,7 +337,7 @@ class Zygote:
             self.busy = False
             for descriptor in ours:
                 os.close(descriptor)
-            self.stop()
+            self._stop()
             raise
         finally:
             for descriptor in theirs:
@@ -318,6 +345,10 @@ class Zygote:
         return WarmChild(self, pid, fds[0], *ours)
 
     def stop(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -360,9 +391,9 @@ class WarmSlots:
             zygote.ready(max(0.0, end - time.monotonic()))
         return sum(z.ready() for z in self.zygotes.values())
 
-    def for_slot(self, uid: Optional[int], memory_mb: int) -> Optional[Zygote]:
-        """The slot's fork server if it can take this execution now, else None (the execution starts cold):
-        while it is not ready, or when ``memory_mb`` leaves too little room (:data:`HEADROOM_MB`).
+    def for_slot(self, uid: Optional[int]) -> Optional[Zygote]:
+        """The slot's fork server if it can take this execution now, else None (the execution starts cold,
+        while it is not ready).
 
         A fork server that died is restarted here; until it is ready again its slot runs cold.
         """
@@ -373,15 +404,17 @@ class WarmSlots:
             if not zygote.alive():
                 zygote.start()
             return None
-        if memory_mb < zygote.info["vm_mb"] + HEADROOM_MB:
-            return None
         return zygote
 
     def describe(self) -> dict:
-        ready = [z for z in self.zygotes.values() if z.ready()]
+        """What /healthz reports; never waits on a fork server (one busy with its slot is skipped)."""
+        for zygote in self.zygotes.values():
+            zygote.poll_ready()
+        ready = [z for z in self.zygotes.values() if z.info is not None and z.alive()]
         info = ready[0].info if ready else {}
         return {"enabled": self.enabled, "reason": self.reason, "slots": len(self.zygotes), "ready": len(ready),
-                "modules": info.get("modules", []), "failed": info.get("failed", {}), "vm_mb": info.get("vm_mb")}
+                "modules": info.get("modules", []), "failed": info.get("failed", {}), "vm_mb": info.get("vm_mb"),
+                "preloaded_mb": info.get("preloaded_mb")}
 
     def close(self) -> None:
         for zygote in self.zygotes.values():
@@ -393,14 +426,18 @@ def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env
                 python: str) -> dict:
     """What a fork server needs to make one child into an execution (JSON).
 
+    ``memory_mb`` is what the program may allocate: the child's address-space limit adds what the
+    zygote's imports occupy beyond a bare interpreter (``preloaded_mb``, mostly shared library
+    mappings), so a program gets the room it would get cold, where it pays for what it imports.
+
     ``reveal``: the zygote's library directories. The child reads modules it has not imported
     yet from them as the slot's uid; where one lies under a directory closed to other uids (an
     interpreter under /root), the child's mount namespace masks that directory and binds only
     these back (:func:`wmrl_sandbox.executor._reveal`).
     """
     return {"script": script, "workdir": workdir, "exec_dir": exec_dir, "env": env, "uid": uid,
-            "isolation": asdict(isolation), "limits": asdict(limits), "memory_mb": memory_mb,
+            "isolation": asdict(isolation), "limits": asdict(limits), "memory_mb": memory_mb + zygote.info["preloaded_mb"],
             "run_timeout": run_timeout, "python": python, "reveal": zygote.info["libraries"]}
 
 
-__all__ = ["HEADROOM_MB", "WARM_MODULES", "WarmChild", "WarmSlots", "Zygote", "job_message", "serve"]
+__all__ = ["WARM_MODULES", "WarmChild", "WarmSlots", "Zygote", "job_message", "serve"]

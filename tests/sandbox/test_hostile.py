@@ -33,7 +33,7 @@ from sandbox_helpers import SECRET, TEST_ARGS, assert_contained, execution_proce
 from wmrl_sandbox.executor import WORK_SUBDIR
 from wmrl_sandbox.local import LocalServer
 
-DEPLOYED_UID = 61998  # the image's server runs as a numeric non-root uid; any free one does here
+DEPLOYED_UID = 61900  # a numeric non-root uid, as the image runs the server; below the root-mode slot uids (62000+)
 
 
 def start(mode: str, tmp_path_factory, slots: int = 1):
@@ -46,9 +46,7 @@ def start(mode: str, tmp_path_factory, slots: int = 1):
     args = TEST_ARGS + ("--require-isolation",)
     env = {"WMRL_TEST_SECRET": SECRET}
     if mode in ("root", "root-cold"):
-        # Warm executions need room beside the pre-imported stack (wmrl_sandbox.warm.HEADROOM_MB).
-        extra = ("--no-warm",) if mode == "root-cold" else ("--memory-mb", "1024")
-        return LocalServer(slots=slots, args=args + extra, env=env)
+        return LocalServer(slots=slots, args=args + (("--no-warm",) if mode == "root-cold" else ()), env=env)
     base = tmp_path_factory.mktemp(f"deployed-{slots}")
     for directory in (base, base.parent, base.parent.parent):
         os.chmod(directory, 0o755)

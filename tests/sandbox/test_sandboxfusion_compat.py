@@ -308,6 +308,12 @@ def test_fetch_files_over_the_limit_are_the_program_s_failure():
 RLIMIT_AS = "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"
 
 
+def _preloaded_mb(server) -> int:
+    """What a warm execution's limit adds for the fork server's imports (the program's own room is the request)."""
+    warm = server.healthz()["warm"]
+    return warm["preloaded_mb"] if warm["ready"] else 0
+
+
 @pytest.mark.parametrize("fields, expected_mb", [
     ({}, 512),  # absent: --memory-mb (512 in TEST_ARGS)
     ({"memory_limit_MB": None}, 512),
@@ -318,13 +324,14 @@ RLIMIT_AS = "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0] >>
 ])
 def test_memory_limit_mb(server, fields, expected_mb):
     res = run(server, RLIMIT_AS, **fields)
-    assert res["run_result"]["stdout"] == f"{expected_mb}\n"
+    assert res["run_result"]["stdout"] == f"{expected_mb + _preloaded_mb(server)}\n"
 
 
 def test_memory_minus_one_follows_max_memory_mb():
     with LocalServer(slots=1, args=(*TEST_ARGS, "--max-memory-mb", "3000")) as srv:
-        assert run(srv, RLIMIT_AS, memory_limit_MB=-1)["run_result"]["stdout"] == "3000\n"
-        assert run(srv, RLIMIT_AS)["run_result"]["stdout"] == "512\n"
+        extra = _preloaded_mb(srv)
+        assert run(srv, RLIMIT_AS, memory_limit_MB=-1)["run_result"]["stdout"] == f"{3000 + extra}\n"
+        assert run(srv, RLIMIT_AS)["run_result"]["stdout"] == f"{512 + extra}\n"
 
 
 # --------------------------------------------------------------------------- SandboxError as 200

@@ -16,9 +16,7 @@ import pytest
 
 from sandbox_helpers import TEST_ARGS, run
 
-# TEST_ARGS' 512 MB address space leaves a program too little room beside the pre-imported stack
-# (executions would start cold); both servers get the default 2048 MB.
-ARGS = (*TEST_ARGS, "--memory-mb", "2048")
+ARGS = TEST_ARGS
 from wmrl_sandbox.local import LocalServer
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="warm starts are root mode's; CI runs as root")
@@ -41,7 +39,7 @@ def _answer(res: dict) -> tuple:
     run_result = res["run_result"]
     scrub = lambda text: re.sub(r"/\S*/x-[^/\s]+/", "<exec>/", text)  # noqa: E731 - each execution's own directory
     return res["status"], run_result["status"], run_result["return_code"], scrub(run_result["stdout"]), \
-        scrub(run_result["stderr"])
+        scrub(run_result["stderr"]), res.get("files") or {}
 
 
 PROGRAMS = {
@@ -64,16 +62,27 @@ PROGRAMS = {
     "killed by a signal": ("import os\nos.kill(os.getpid(), 9)", {}),
     "uid and capabilities": ("import os\nprint(os.getuid() != 0, open('/proc/self/status').read().split('CapEff:')[1]"
                              ".split()[0])", {}),
+    "unclosed file": ("f = open('out.txt', 'w')\nf.write('written at exit')", {"fetch_files": ["out.txt"]}),
+    "finalizers": ("class Noisy:\n    def __del__(self):\n        print('finalized')\nkeep = Noisy()", {}),
+    "keyboard interrupt": ("raise KeyboardInterrupt", {}),
+    "stdlib shadowed by files": ("print('ok')", {"files": {
+        f"{name}.py": base64.b64encode(f"import os\nos.write(2, b'SHADOWED {name}\\n')\n".encode()).decode()
+        for name in ("secrets", "tempfile", "shutil", "resource", "platform", "random", "hashlib", "base64", "json",
+                     "struct", "selectors", "signal", "socket", "stat", "subprocess", "ctypes", "types", "traceback",
+                     "wmrl_sandbox", "executor", "seccomp", "contextlib", "dataclasses", "math")}}),
     "fit a model": ("from sklearn.datasets import load_iris\nfrom sklearn.linear_model import LogisticRegression\n"
                     "X, y = load_iris(return_X_y=True)\n"
-                    "print(round(LogisticRegression(max_iter=500).fit(X, y).score(X, y), 3))", {}),
+                    "print(round(LogisticRegression(max_iter=500).fit(X, y).score(X, y), 3))",
+                    {"run_timeout": 60, "memory_limit_MB": 2048}),  # cold: room and time to import the stack
 }
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_a_warm_execution_answers_as_a_new_interpreter(name, warm, cold):
     code, fields = PROGRAMS[name]
-    assert _answer(run(warm, code, **fields)) == _answer(run(cold, code, **fields))
+    answer = _answer(run(warm, code, **fields))
+    assert answer == _answer(run(cold, code, **fields))
+    assert "SHADOWED" not in answer[4]  # nothing is imported from the request's files before its own imports
 
 
 def test_the_warm_path_really_ran(warm, cold):
@@ -100,13 +109,18 @@ PROBE = ("import resource, sys\n"
          "print('sklearn' in sys.modules, resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)")
 
 
-def test_the_memory_limit_is_the_requests_and_a_small_one_starts_cold(warm):
-    """The address-space limit is exactly the request's either way; one that leaves too little room
-    beside the pre-imported stack runs cold, where a small program still fits."""
-    assert run(warm, PROBE, memory_limit_MB=1500)["run_result"]["stdout"].split() == ["True", "1500"]
-    assert run(warm, PROBE, memory_limit_MB=300)["run_result"]["stdout"].split() == ["False", "300"]
-    too_big = run(warm, "x = bytearray(1200 << 20)\nprint('ok')", memory_limit_MB=1500)
-    assert too_big["status"] == "Failed" and "MemoryError" in too_big["run_result"]["stderr"], too_big
+def test_a_warm_program_gets_the_memory_a_cold_one_would(warm, cold):
+    """The address-space limit of a warm execution adds what the fork server's imports occupy beyond a
+    bare interpreter, so a program has the room it would have cold; and it still binds."""
+    preloaded = warm.healthz()["warm"]["preloaded_mb"]
+    assert preloaded > 0
+    assert run(warm, PROBE, memory_limit_MB=300)["run_result"]["stdout"].split() == ["True", str(300 + preloaded)]
+    assert run(cold, PROBE, memory_limit_MB=300)["run_result"]["stdout"].split() == ["False", "300"]
+    fits = "x = bytearray(200 << 20)\nprint('ok')"
+    for server in (warm, cold):
+        assert run(server, fits, memory_limit_MB=300)["status"] == "Success"
+        too_big = run(server, "x = bytearray(400 << 20)\nprint('ok')", memory_limit_MB=300)
+        assert too_big["status"] == "Failed" and "MemoryError" in too_big["run_result"]["stderr"], too_big
 
 
 def _fork_servers_of(server_pid: int) -> list[int]:
