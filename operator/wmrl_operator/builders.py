@@ -139,8 +139,14 @@ def calibration_name(run: Run, spec: WMRLRunSpec) -> str:
 
 
 def calibration_token_name(run: Run, spec: WMRLRunSpec) -> str:
-    """The Secret holding the calibration's token (key ``token``): the operator creates it once, never rewrites it."""
-    return f"{calibration_name(run, spec)}-token"
+    """The Secret holding the calibration's token (key ``token``): the operator creates it once, never rewrites it.
+
+    A run's own calibration names its token after the run's uid: a run deleted and made again under
+    the same name gets a new Secret, never the old one that the garbage collector is about to delete.
+    """
+    if calibration_shared(spec) or not run.uid:
+        return f"{calibration_name(run, spec)}-token"
+    return f"{calibration_name(run, spec)}-token-{run.uid[:8]}"
 
 
 def calibration_token_env(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:

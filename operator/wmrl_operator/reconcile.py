@@ -51,7 +51,7 @@ class Reconciler:
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.recommendations = Recommendations()
         self.slots = asyncio.Semaphore(settings.max_concurrent)
-        self._tokens: set[tuple[str, str]] = set()  # calibration token Secrets known to exist (namespace, name)
+        self._tokens: set[tuple[str, str]] = set()  # runs' own token Secrets known to exist (namespace, name)
 
     # ------------------------------------------------------------ entry points
 
@@ -277,9 +277,12 @@ class Reconciler:
         """Create the calibration's token Secret unless it exists; never rewrite one (trainers hold it).
 
         Create-only on purpose: the operator may create Secrets but not read them, so "exists" is
-        the apiserver's 409. Once made or found, a token is remembered for this process.
+        the apiserver's 409. A run's own token (named after the run's uid, deleted with the run) is
+        remembered once made; a shared one is asked for at every reconcile, since whoever deletes it
+        expects the next reconcile to make it again.
         """
-        key = (run.namespace, builders.calibration_token_name(run, spec))
+        name = builders.calibration_token_name(run, spec)
+        key = (run.namespace, name)
         if key in self._tokens:
             return
         try:
@@ -287,7 +290,8 @@ class Reconciler:
         except ApiError as exc:
             if exc.status != 409:  # 409: another run sharing it (or an earlier operator) made it; it stands
                 raise
-        self._tokens.add(key)
+        if not builders.calibration_shared(spec) and run.uid:
+            self._tokens.add(key)
 
     async def _prune(self, run: builders.Run, desired: list[dict[str, Any]]) -> None:
         """Delete the children a spec change made unwanted (no GPU stays allocated to an old vLLM)."""

@@ -85,11 +85,12 @@ def test_table_persists_and_ignores_a_cut_off_line(tmp_path, tasks):
 
 
 def test_table_key_changes_with_the_suite_and_the_start(tasks):
-    base = table_key(tasks.values(), SUITE_VERSION, True)
-    assert table_key(tasks.values(), SUITE_VERSION, True) == base
-    assert table_key(tasks.values(), SUITE_VERSION + "x", True) != base
-    assert table_key([t for n, t in tasks.items() if n != "iris"], SUITE_VERSION, True) != base
-    assert table_key(tasks.values(), SUITE_VERSION, False) != base  # cold starts take other times
+    base = table_key(tasks.values(), SUITE_VERSION, True, 60)
+    assert table_key(tasks.values(), SUITE_VERSION, True, 60.0) == base
+    assert table_key(tasks.values(), SUITE_VERSION + "x", True, 60) != base
+    assert table_key([t for n, t in tasks.items() if n != "iris"], SUITE_VERSION, True, 60) != base
+    assert table_key(tasks.values(), SUITE_VERSION, False, 60) != base  # cold starts take other times
+    assert table_key(tasks.values(), SUITE_VERSION, True, 10) != base  # a script may time out under 10 s only
 
 
 def test_misses_run_once_on_a_real_sandbox_then_hit(tmp_path, tasks):

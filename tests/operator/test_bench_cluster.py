@@ -19,7 +19,7 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
     result = json.loads(out.read_text())
     assert result == json.loads(res.stdout[res.stdout.index("{"):])  # the same JSON on stdout
     assert result["runs"] == result["completed"] == 3
-    assert result["children_per_run"] == 16  # mode wmrl: trainer, sandbox, world model, calibration, RBAC
+    assert result["children_per_run"] == 17  # mode wmrl: trainer, sandbox, world model, calibration (+ its NetworkPolicy), RBAC
     assert result["steady"]["runs"] == result["steady"]["completed"] == 2
     for block in (result["create_to_children_s"], result["steady"]["create_to_children_s"]):
         assert 0 < block["p50"] <= block["p95"] <= block["max"]

@@ -92,6 +92,7 @@ def test_the_calibration_and_its_trainers_share_a_token_and_only_they_are_admitt
     assert "ownerReferences" not in secret["metadata"]  # shared: it outlives any one run
     own = b.calibration_token_secret(RUN, spec(), "tok")
     assert own["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert own["metadata"]["name"] == "demo-calibration-token-uid-1"  # a run made again never gets the old one
     policy = objs[("NetworkPolicy", "team-cal")]["spec"]
     assert policy["podSelector"]["matchLabels"] == {"wmrl.dev/calibration": "team-cal",
                                                     "app.kubernetes.io/component": "calibration"}

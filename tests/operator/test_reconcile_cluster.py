@@ -17,7 +17,7 @@ CHILDREN = [
     ("service", "{r}-sandbox"), ("networkpolicy", "{r}-sandbox"), ("deployment", "{r}-world-model"),
     ("service", "{r}-world-model"), ("configmap", "{r}-calibration-state"), ("deployment", "{r}-calibration"),
     ("service", "{r}-calibration"), ("serviceaccount", "{r}-calibration"), ("role", "{r}-calibration"),
-    ("rolebinding", "{r}-calibration"), ("secret", "{r}-calibration-token"), ("networkpolicy", "{r}-calibration"),
+    ("rolebinding", "{r}-calibration"), ("secret", "{r}-calibration-token-{u}"), ("networkpolicy", "{r}-calibration"),
 ]
 
 
@@ -47,7 +47,7 @@ def test_children_appear_owned_and_run_becomes_running(kube, operator):
     kube.apply(run_manifest("alpha"))
     uid = wait_for(lambda: (kube.get("wmrlrun", "alpha") or {}).get("metadata", {}).get("uid"), what="run uid")
     for kind, pattern in CHILDREN:
-        name = pattern.format(r="alpha")
+        name = pattern.format(r="alpha", u=uid[:8])
         obj = wait_for(lambda: kube.get(kind, name), what=f"{kind}/{name}")
         refs = obj["metadata"].get("ownerReferences") or []
         assert [(r["kind"], r["name"], r["uid"], r.get("controller")) for r in refs] == [("WMRLRun", "alpha", uid, True)]
@@ -239,7 +239,7 @@ def test_deleting_a_run_garbage_collects_children_but_not_a_shared_calibration(k
     wait_for(lambda: kube.get("deployment", "shared-cal"), what="shared calibration")
     kube.run("delete", "wmrlrun", "iota", "-n", kube.ns, "--wait=true", "--timeout=30s")
     for kind, pattern in CHILDREN:
-        name = pattern.format(r="iota")
+        name = pattern.format(r="iota", u="")
         if "calibration" in name:
             continue
         wait_for(lambda: kube.get(kind, name) is None, timeout=60, what=f"{kind}/{name} collected")
@@ -248,6 +248,26 @@ def test_deleting_a_run_garbage_collects_children_but_not_a_shared_calibration(k
         obj = kube.get(kind, name)
         assert obj is not None and "ownerReferences" not in obj["metadata"]
         assert obj["metadata"]["labels"]["wmrl.dev/calibration"] == "shared-cal"
+
+
+def test_a_run_made_again_under_its_name_gets_a_token_of_its_own(kube, operator):
+    """The old run's token Secret is deleted by the garbage collector after the new run exists: the new
+    run must never be handed (and its Pods never wait on) the Secret that is about to disappear."""
+    kube.apply(run_manifest("rho"))
+    first = wait_for(lambda: kube.get("job", "rho-trainer"), what="rho's job")
+    first_token = _token_ref(first["spec"]["template"]["spec"]["containers"][0])["name"]
+    kube.run("delete", "wmrlrun", "rho", "-n", kube.ns, "--wait=true", "--timeout=30s")
+    kube.apply(run_manifest("rho"))
+    uid = wait_for(lambda: (kube.get("wmrlrun", "rho") or {}).get("metadata", {}).get("uid"), what="new uid")
+    second = wait_for(lambda: (kube.get("job", "rho-trainer") or {}).get("metadata", {}).get("ownerReferences")
+                      and kube.get("job", "rho-trainer")["metadata"]["ownerReferences"][0]["uid"] == uid
+                      and kube.get("job", "rho-trainer"), timeout=60, what="the new run's job")
+    token = _token_ref(second["spec"]["template"]["spec"]["containers"][0])["name"]
+    assert token == f"rho-calibration-token-{uid[:8]}" != first_token
+    secret = wait_for(lambda: kube.get("secret", token), what="the new token")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
+    wait_for(lambda: kube.get("secret", first_token) is None, timeout=60, what="the old token collected")
+    assert kube.get("secret", token) is not None
 
 
 def _token_ref(container):
@@ -262,29 +282,29 @@ def test_a_calibration_token_is_made_once_and_only_its_trainers_are_admitted(kub
     and a NetworkPolicy admits only the trainers labelled with that calibration, and the operator."""
     import base64
 
-    kube.apply(run_manifest("kappa", calibration={"name": "kappa-shared"}))
-    kube.apply(run_manifest("lambda", calibration={"name": "kappa-shared"}))
-    secret = wait_for(lambda: kube.get("secret", "kappa-shared-token"), what="token secret")
+    kube.apply(run_manifest("omicron", calibration={"name": "omicron-shared"}))
+    kube.apply(run_manifest("pi", calibration={"name": "omicron-shared"}))
+    secret = wait_for(lambda: kube.get("secret", "omicron-shared-token"), what="token secret")
     token = base64.b64decode(secret["data"]["token"]).decode()
     assert len(token) >= 40 and "ownerReferences" not in secret["metadata"]  # shared: belongs to no run
-    service = wait_for(lambda: kube.get("deployment", "kappa-shared"), what="calibration deployment")
-    assert _token_ref(service["spec"]["template"]["spec"]["containers"][0]) == {"name": "kappa-shared-token",
+    service = wait_for(lambda: kube.get("deployment", "omicron-shared"), what="calibration deployment")
+    assert _token_ref(service["spec"]["template"]["spec"]["containers"][0]) == {"name": "omicron-shared-token",
                                                                                  "key": "token"}
-    for run in ("kappa", "lambda"):
+    for run in ("omicron", "pi"):
         job = wait_for(lambda: kube.get("job", f"{run}-trainer"), what=f"{run}'s job")
         template = job["spec"]["template"]
-        assert _token_ref(template["spec"]["containers"][0])["name"] == "kappa-shared-token"
-        assert template["metadata"]["labels"]["wmrl.dev/calibration"] == "kappa-shared"
-    policy = kube.get("networkpolicy", "kappa-shared")["spec"]
-    assert policy["podSelector"]["matchLabels"] == {"wmrl.dev/calibration": "kappa-shared",
+        assert _token_ref(template["spec"]["containers"][0])["name"] == "omicron-shared-token"
+        assert template["metadata"]["labels"]["wmrl.dev/calibration"] == "omicron-shared"
+    policy = kube.get("networkpolicy", "omicron-shared")["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"wmrl.dev/calibration": "omicron-shared",
                                                     "app.kubernetes.io/component": "calibration"}
     [rule] = policy["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
     peers = [p["podSelector"]["matchLabels"] for p in rule["from"]]
-    assert peers == [{"wmrl.dev/calibration": "kappa-shared", "app.kubernetes.io/component": "trainer"},
+    assert peers == [{"wmrl.dev/calibration": "omicron-shared", "app.kubernetes.io/component": "trainer"},
                      {"wmrl.dev/calibration-reader": "true"}]
     # A spec change re-applies every child: the token stays what the trainers already hold.
-    kube.run("patch", "wmrlrun", "kappa", "-n", kube.ns, "--type=merge", "-p",
+    kube.run("patch", "wmrlrun", "omicron", "-n", kube.ns, "--type=merge", "-p",
              json.dumps({"spec": {"algorithm": {"steps": 7}}}))
-    wait_for(lambda: (kube.status("kappa") or {}).get("observedGeneration") == 2, what="generation 2 reconciled")
-    assert kube.get("secret", "kappa-shared-token")["data"]["token"] == secret["data"]["token"]
+    wait_for(lambda: (kube.status("omicron") or {}).get("observedGeneration") == 2, what="generation 2 reconciled")
+    assert kube.get("secret", "omicron-shared-token")["data"]["token"] == secret["data"]["token"]

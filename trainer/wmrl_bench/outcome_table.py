@@ -69,9 +69,10 @@ def sandbox_fingerprint(warm: bool) -> str:
     return digest.hexdigest()[:16]
 
 
-def table_key(tasks: Iterable[Task], suite_version: str, warm: bool) -> str:
-    """The table's name: the suite (version, every task's files) and the sandbox fingerprint."""
-    digest = hashlib.sha256(f"{suite_version}|{sandbox_fingerprint(warm)}".encode())
+def table_key(tasks: Iterable[Task], suite_version: str, warm: bool, timeout: float) -> str:
+    """The table's name: the suite (version, every task's files), the sandbox fingerprint and the
+    execution timeout (the same script can time out under 10 s and succeed under 60 s)."""
+    digest = hashlib.sha256(f"{suite_version}|{sandbox_fingerprint(warm)}|{float(timeout)!r}".encode())
     for task in sorted(tasks, key=lambda t: t.name):
         for name, content in sorted(task.to_files().items()):
             digest.update(f"{task.name}/{name}\0".encode() + hashlib.sha256(content).digest())
@@ -88,11 +89,11 @@ class OutcomeTable:
         self._load()
 
     @classmethod
-    def for_suite(cls, tasks: Sequence[Task], suite_version: str, warm: bool,
+    def for_suite(cls, tasks: Sequence[Task], suite_version: str, warm: bool, timeout: float,
                   root: Optional[Path] = None) -> "OutcomeTable":
-        """The table for ``tasks`` executed by sandboxes that start warm (``warm``) or cold."""
+        """The table for ``tasks`` executed under ``timeout`` seconds by sandboxes that start warm or cold."""
         root = Path(root) if root is not None else cache_root() / "outcomes"
-        return cls(root / f"{table_key(tasks, suite_version, warm)}.jsonl")
+        return cls(root / f"{table_key(tasks, suite_version, warm, timeout)}.jsonl")
 
     def _load(self) -> None:
         if not self.path.is_file():

@@ -442,11 +442,13 @@ def main(args: argparse.Namespace) -> int:
         tasks = builtin_suite("mini-ml")
         with LocalServices(args.sandboxes, work_dir / "logs") as services:
             warm = sandboxes_start_warm(services.sandbox_urls)
-            table = OutcomeTable(Path(args.table)) if args.table else OutcomeTable.for_suite(tasks, SUITE_VERSION, warm)
             config = arm_config("real", 0, steps, **overrides)
+            timeout = config.spec.sandbox.timeout_seconds
+            table = (OutcomeTable(Path(args.table)) if args.table
+                     else OutcomeTable.for_suite(tasks, SUITE_VERSION, warm, timeout))
             held_out = [t for t in tasks if t.name in config.spec.tasks.held_out]
             filler = TableDispatcher(table, SandboxDispatcher(StaticEndpoints(services.sandbox_urls), slots_per_pod=1,
-                                                              timeout=config.spec.sandbox.timeout_seconds + 30))
+                                                              timeout=timeout + 30), timeout=timeout)
             try:
                 t0 = time.perf_counter()
                 # The wide space cannot be enumerated: its held-out scripts are executed as they are sampled.

@@ -23,8 +23,10 @@ coder; ``maxNewTokens`` bounds a script's length, so a script that never reaches
 is cut off (and writes nothing). With 8 tokens a task has tens of millions of scripts: they
 rarely repeat, and held-out reward is estimated from sampled scripts, not enumerated.
 
-Every chunk is whole lines of code that work for both task kinds (the knobs pick a
-classifier's or a regressor's wrapper with ``is_classifier``).
+Every chunk is whole lines of code for both task kinds (the knobs pick a classifier's or a
+regressor's wrapper with ``is_classifier``). Not every sequence runs: a wrapper over a stacking
+ensemble fails, as it would for an agent that tried it; such scripts are runtime errors for the
+reward, which a world model must learn to predict.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ CHUNKS: tuple[Chunk, ...] = (
           "model = RandomForestClassifier(n_estimators=100\n", "bad"),
     # knobs: hyperparameter tokens and wrappers of the model built so far
     Chunk("more_estimators", "knob", "model.set_params(**{k: v * 10 for k, v in model.get_params().items() "
-          "if k in ('n_estimators', 'max_iter') and isinstance(v, int)})\n"),
+          "if k in ('n_estimators', 'max_iter') and isinstance(v, int) and v > 0})\n"),
     Chunk("no_depth_limit", "knob", "model.set_params(**{k: None for k in ('max_depth',) "
           "if k in model.get_params()})\n"),
     _wrap("grid_search", "from sklearn.model_selection import GridSearchCV\n"

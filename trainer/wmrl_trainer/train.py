@@ -596,8 +596,8 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading and mode is Mode.WMRL:
         a = alg.anchors
         selector = AnchorSelector(a.fraction, a.min_per_step, a.max_concurrent, alg.seed)
-    if spec.policy.model == "builtin:tiny-coder" and alg.max_turns > 1:
-        raise ValueError("spec.algorithm.maxTurns: builtin:tiny-coder writes one script and cannot read feedback; "
+    if spec.policy.model in ("builtin:tiny-coder", "builtin:tiny-coder-wide") and alg.max_turns > 1:
+        raise ValueError(f"spec.algorithm.maxTurns: {spec.policy.model} writes one script and cannot read feedback; "
                          "set maxTurns: 1, or use builtin:tiny-coder-multiturn")
     model, tokenizer = policy if policy is not None else load_policy(spec.policy.model)
     initial = "initial-policy" if world.size == 1 else f"initial-policy-rank{world.rank}"  # no two writers

@@ -185,7 +185,7 @@ class CalibrationService:
         if self.token is None:
             return True
         given = request.headers.get("Authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {self.token}".encode())
 
     async def post_observations(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
