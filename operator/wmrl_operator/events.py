@@ -7,6 +7,7 @@ So every transition posts its Event here, whichever path noticed it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import os
@@ -45,14 +46,28 @@ def event_for(body: dict[str, Any], type_: str, reason: str, message: str, now: 
 
 
 class EventRecorder:
-    """Posts Events through the operator's client; best-effort, a failure is logged, never raised."""
+    """Posts Events through the operator's client; best-effort, a failure is logged, never raised.
+
+    Calling it schedules the POST and returns at once: a reconcile never waits on an Event.
+    ``flush`` waits for the ones in flight (at shutdown, and in tests).
+    """
 
     def __init__(self, kube: Kube, instance: str = os.environ.get("HOSTNAME", "")):
         self.kube = kube
         self.instance = instance
+        self._in_flight: set[asyncio.Task] = set()
 
     async def __call__(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         event = event_for(body, type_, reason, message, dt.datetime.now(dt.timezone.utc), self.instance)
+        task = asyncio.get_running_loop().create_task(self._post(body, event, reason))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def flush(self) -> None:
+        while self._in_flight:
+            await asyncio.gather(*list(self._in_flight), return_exceptions=True)
+
+    async def _post(self, body: dict[str, Any], event: dict[str, Any], reason: str) -> None:
         try:
             await self.kube.create(event)
         except Exception as exc:  # noqa: BLE001 - an Event must never fail a reconcile

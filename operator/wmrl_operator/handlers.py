@@ -102,6 +102,9 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        reconciler = state.pop("reconciler", None)
+        if reconciler is not None:
+            await reconciler.events.flush()
         kube = state.pop("kube", None)
         if kube is not None:
             await kube.close()
@@ -150,7 +153,7 @@ async def _resync_loop(reconciler: Reconciler, known: set[tuple[str, str]], conf
     async def one(key: tuple[str, str], calibration: bool) -> None:
         async with limit:
             try:
-                await reconciler.housekeeping(*key)
+                await reconciler.housekeeping(*key, fresh_within=config.resync_interval)
                 if calibration:
                     await reconciler.refresh_calibration(*key)
             except Exception as exc:  # keep the loop alive; the next pass retries

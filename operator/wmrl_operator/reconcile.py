@@ -13,11 +13,13 @@ import asyncio
 import secrets
 import datetime as dt
 import logging
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional
 
+from prometheus_client import Counter
 from pydantic import ValidationError
 
 from wmrl.api.runconfig import CALIBRATION_PORT
@@ -30,6 +32,14 @@ from wmrl_operator.kube import ApiError, Kube
 log = logging.getLogger("wmrl.operator")
 
 CalibrationFetch = Callable[[str], Awaitable[Optional[dict[str, Any]]]]
+COALESCED = Counter("wmrl_operator_reconciles_coalesced_total",
+                    "Reconcile requests covered by one already waiting for the same run")
+
+
+@dataclass
+class _Waiting:
+    apply_children: bool
+    done: asyncio.Future
 
 
 @dataclass
@@ -52,20 +62,54 @@ class Reconciler:
         self.recommendations = Recommendations()
         self.slots = asyncio.Semaphore(settings.max_concurrent)
         self._tokens: set[tuple[str, str]] = set()  # runs' own token Secrets known to exist (namespace, name)
+        self._waiting: dict[tuple[str, str], _Waiting] = {}  # the reconcile of a run waiting for its turn
+        self._reconciled_at: dict[tuple[str, str], float] = {}  # monotonic time of each run's last reconcile
 
     # ------------------------------------------------------------ entry points
 
     async def reconcile(self, namespace: str, name: str, apply_children: bool = True) -> None:
-        """Converge run ``namespace/name``; ``apply_children`` re-applies every child (spec events)."""
-        async with self.locks[(namespace, name)], self.slots:
-            body = await self._get_run(namespace, name)
-            if body is None:
-                return
-            await self._reconcile(body, apply_children)
+        """Converge run ``namespace/name``; ``apply_children`` re-applies every child (spec events).
 
-    async def housekeeping(self, namespace: str, name: str) -> None:
-        """Periodic: deadline, TTL, sandbox autoscaling (cheap when nothing changes)."""
-        async with self.locks[(namespace, name)], self.slots:
+        A per-run work queue of depth one: while a reconcile of the run waits for its turn, further
+        requests join it (it reads the run afresh when it starts, so it covers their events) instead
+        of queueing reconciles of their own; each caller gets the outcome of the one that covered it,
+        so a failure is still retried by whoever asked. A burst of Job events costs one reconcile.
+        """
+        key = (namespace, name)
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            waiting.apply_children = waiting.apply_children or apply_children
+            COALESCED.inc()
+            await asyncio.shield(waiting.done)
+            return
+        waiting = self._waiting[key] = _Waiting(apply_children, asyncio.get_running_loop().create_future())
+        try:
+            async with self.locks[key]:
+                del self._waiting[key]  # from here on, new events need a reconcile of their own
+                async with self.slots:
+                    body = await self._get_run(namespace, name)
+                    if body is not None:
+                        await self._reconcile(body, waiting.apply_children)
+                        self._reconciled_at[key] = time.monotonic()
+        except BaseException as exc:
+            if self._waiting.get(key) is waiting:  # cancelled before its turn came
+                del self._waiting[key]
+            if isinstance(exc, Exception):
+                waiting.done.set_exception(exc)
+                waiting.done.exception()  # marked retrieved: the callers that joined re-raise it
+            else:
+                waiting.done.cancel()
+            raise
+        waiting.done.set_result(None)
+
+    async def housekeeping(self, namespace: str, name: str, fresh_within: float = 0.0) -> None:
+        """Periodic: deadline, TTL, sandbox autoscaling (cheap when nothing changes).
+
+        The catch-up reconcile is skipped for a run reconciled less than ``fresh_within`` seconds
+        ago: during a burst, events keep every run fresh and the resync loop only adds load.
+        """
+        key = (namespace, name)
+        async with self.locks[key], self.slots:
             body = await self._get_run(namespace, name)
             if body is None:
                 return
@@ -80,8 +124,10 @@ class Reconciler:
                     await self._delete_run(body)
                 return
             # Level-triggered catch-up: deadlines, and anything a lost watch event left behind.
-            await self._reconcile(body, apply_children=False)
-            body = await self._get_run(namespace, name)
+            if time.monotonic() - self._reconciled_at.get(key, -math.inf) >= fresh_within:
+                await self._reconcile(body, apply_children=False)
+                self._reconciled_at[key] = time.monotonic()
+                body = await self._get_run(namespace, name)
             status = (body or {}).get("status") or {}
             if body is not None and status.get("phase") and not st.is_finished(status):
                 await self._autoscale(body, spec, status)
@@ -116,6 +162,7 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         self.recommendations.forget((namespace, name))
         self.locks.pop((namespace, name), None)
+        self._reconciled_at.pop((namespace, name), None)
 
     # ------------------------------------------------------------ core
 
@@ -137,9 +184,16 @@ class Reconciler:
         if st.is_finished(status):
             return
 
-        missing = await self._missing_references(run, spec)
-        job = await self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))
-        conflicts = await self._ownership_conflicts(run, spec) if (apply_children or job is None) else []
+        # The reads are independent: one round trip's time, not four.
+        reads = [self._missing_references(run, spec),
+                 self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))]
+        if apply_children:
+            reads.append(self._ownership_conflicts(run, spec))
+        missing, job, *checked = await asyncio.gather(*reads)
+        if checked:
+            conflicts = checked[0]
+        else:
+            conflicts = await self._ownership_conflicts(run, spec) if job is None else []
         if conflicts and job is None:
             # Writing would take over another run's (or a shared) calibration: create nothing, say which.
             message = "; ".join(conflicts)
@@ -189,7 +243,7 @@ class Reconciler:
             start_time = now_s
         if apply_children or js.state == "absent":
             await self._apply_children(run, spec, start_time, now, job_exists=job is not None,
-                                       skip_calibration=bool(conflicts))
+                                       skip_calibration=bool(conflicts), may_prune=generation != 1)
         if job is not None and bool((job.get("spec") or {}).get("suspend")) != spec.suspend:
             job = await self.kube.merge_patch("batch/v1", "Job", run.namespace, builders.trainer_name(run),
                                               {"spec": {"suspend": spec.suspend}})
@@ -225,29 +279,30 @@ class Reconciler:
             refs.append(("spec.tasks.pvc", "v1", "PersistentVolumeClaim", spec.tasks.pvc))
         if spec.trainer.checkpoint.claim_name:
             refs.append(("spec.trainer.checkpoint.claimName", "v1", "PersistentVolumeClaim", spec.trainer.checkpoint.claim_name))
-        missing = []
-        for field, api_version, kind, name in refs:
-            if await self.kube.get(api_version, kind, run.namespace, name) is None:
-                missing.append(f"{field}: {kind} {name!r} not found in namespace {run.namespace!r}")
-        return missing
+        found = await asyncio.gather(*(self.kube.get(api_version, kind, run.namespace, name)
+                                       for _, api_version, kind, name in refs))
+        return [f"{field}: {kind} {name!r} not found in namespace {run.namespace!r}"
+                for (field, _, kind, name), obj in zip(refs, found) if obj is None]
 
     async def _ownership_conflicts(self, run: builders.Run, spec: WMRLRunSpec) -> list[str]:
         """The calibration objects this run would take over (``builders.ownership_conflict``): its
         Deployment and state ConfigMap, the ones a name collision puts at stake."""
         if not builders.needs_calibration(spec):
             return []
-        found = []
-        for obj in builders.calibration_objects(run, spec):
-            if obj["kind"] in ("Deployment", "ConfigMap"):
-                existing = await self.kube.get(obj["apiVersion"], obj["kind"], run.namespace, obj["metadata"]["name"])
-                why = builders.ownership_conflict(run, obj, existing)
-                if why:
-                    found.append(why)
-        return found
+        at_stake = [o for o in builders.calibration_objects(run, spec) if o["kind"] in ("Deployment", "ConfigMap")]
+        existing = await asyncio.gather(*(self.kube.get(o["apiVersion"], o["kind"], run.namespace,
+                                                        o["metadata"]["name"]) for o in at_stake))
+        return [why for obj, found in zip(at_stake, existing) if (why := builders.ownership_conflict(run, obj, found))]
 
     async def _apply_children(self, run: builders.Run, spec: WMRLRunSpec, start_time: Optional[str],
-                              now: dt.datetime, job_exists: bool, skip_calibration: bool = False) -> None:
-        sandbox = await self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))
+                              now: dt.datetime, job_exists: bool, skip_calibration: bool = False,
+                              may_prune: bool = True) -> None:
+        """Apply every child; ``may_prune``: delete the ones the spec no longer wants (only a changed
+        spec can make one unwanted, so a run at generation 1 skips the two LISTs)."""
+        reads = [self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))]
+        if builders.needs_calibration(spec) and not skip_calibration:
+            reads.append(self._ensure_calibration_token(run, spec))  # before the Pods that read it
+        sandbox, *_ = await asyncio.gather(*reads)
         current = ((sandbox or {}).get("spec") or {}).get("replicas")
         opts = builders.Options(
             suspended=spec.suspend,
@@ -259,13 +314,12 @@ class Reconciler:
         if skip_calibration:
             names = {(o["kind"], o["metadata"]["name"]) for o in builders.calibration_objects(run, spec, opts)}
             objs = [o for o in objs if (o["kind"], o["metadata"]["name"]) not in names]
-        if builders.needs_calibration(spec) and not skip_calibration:
-            await self._ensure_calibration_token(run, spec)  # before the Pods that read it
         job = [o for o in objs if o["kind"] == "Job"]
         others = [o for o in objs if o["kind"] != "Job"]
         # Independent objects in parallel; the Job last, once its SA, config and Services exist.
         await asyncio.gather(*(self.kube.apply(o) for o in others))
-        await self._prune(run, objs)
+        if may_prune:
+            await self._prune(run, objs)
         if not job_exists:
             try:
                 await self.kube.apply(job[0])
