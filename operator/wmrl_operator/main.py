@@ -87,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between status.calibration refreshes")
     parser.add_argument("--watch-timeout", type=int, default=300,
                         help="server-side watch timeout in seconds (client timeout = this + 30)")
+    parser.add_argument("--max-concurrent-reconciles", type=int, default=None, metavar="N",
+                        help="runs reconciled at once (default 8); events for one run are queued and coalesced")
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
     parser.add_argument("--verbose", "-v", action="store_true")
 
@@ -146,6 +148,10 @@ def main(args: argparse.Namespace) -> int:
     from wmrl_operator.reconcile import Settings
 
     configure_logging(args.log_format, args.verbose)
+    concurrency = Settings.max_concurrent if args.max_concurrent_reconciles is None else args.max_concurrent_reconciles
+    if concurrency < 1:
+        print("wmrl operator: --max-concurrent-reconciles must be >= 1", file=sys.stderr)
+        return 2
     namespaces = list(args.namespace)
     if not namespaces and not args.all_namespaces and os.environ.get("WMRL_NAMESPACES"):
         namespaces = [n.strip() for n in os.environ["WMRL_NAMESPACES"].split(",") if n.strip()]
@@ -154,7 +160,8 @@ def main(args: argparse.Namespace) -> int:
 
         start_http_server(args.metrics_port)
     config = Config(resync_interval=args.resync_interval, calibration_interval=args.calibration_interval,
-                    settings=Settings(operator_image=args.image or DEFAULT_OPERATOR_IMAGE), webhook=args.webhook)
+                    settings=Settings(operator_image=args.image or DEFAULT_OPERATOR_IMAGE,
+                                      max_concurrent=concurrency), webhook=args.webhook)
     registry = kopf.OperatorRegistry()
     register(registry, config)
     logging.getLogger("wmrl.operator").info(

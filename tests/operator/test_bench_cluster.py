@@ -14,7 +14,7 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
     out = tmp_path / "operator.json"
     env = {**os.environ, "KUBECONFIG": str(crd_installed.kubeconfig)}
     res = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "operator", "--runs", "3", "--steady", "2",
-                          "--timeout", "120", "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+                          "--timeout", "120", "--max-concurrent-reconciles", "4", "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
     assert result == json.loads(res.stdout[res.stdout.index("{"):])  # the same JSON on stdout
@@ -25,4 +25,18 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
         assert 0 < block["p50"] <= block["p95"] <= block["max"]
     assert result["total_s"] >= result["create_to_children_s"]["max"] > 0
     assert result["operator_peak_rss_mb"] >= result["operator_idle_rss_mb"] > 0
-    assert set(result["goals_met"]) == set(result["goals"])
+    assert set(result["goals_met"]) == set(result["goals"]) == {"p50_s", "p95_s", "total_s", "operator_peak_rss_mb"}
+    assert result["max_concurrent_reconciles"] == 4
+    curve = result["completion_curve"]
+    assert [c["completed"] for c in curve] == [1, 2, 3]
+    assert [c["s"] for c in curve] == sorted(c["s"] for c in curve) and curve[-1]["s"] == result["total_s"]
+
+
+def test_the_completion_curve_and_the_goals_by_burst_size():
+    from wmrl_operator.bench import completion_curve, goals_for
+
+    curve = completion_curve(100.0, [100.0 + t for t in range(1, 101)][::-1])
+    assert curve == [{"completed": 10 * k, "s": float(10 * k)} for k in range(1, 11)]
+    assert completion_curve(0.0, []) == []
+    assert goals_for(100) == {"p50_s": 1.0, "p95_s": 3.0, "total_s": 60.0, "operator_peak_rss_mb": 250.0}
+    assert goals_for(1000) == {"total_s": 180.0, "operator_peak_rss_mb": 400.0}
