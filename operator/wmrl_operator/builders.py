@@ -37,6 +37,17 @@ CALIBRATION_LABEL = "wmrl.dev/calibration"
 CALIBRATION_READER_LABEL = "wmrl.dev/calibration-reader"
 """On the operator's own Pods: a calibration's NetworkPolicy admits them to read it (into the run's status)."""
 TOKEN_KEY = "token"
+# Kueue: a run labelled with a LocalQueue hands its trainer Job to Kueue, which admits it by
+# unsuspending it. The labels are copied from the run to the Job, as Kueue's own integrations do.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+ADMISSION_LABELS = (QUEUE_LABEL, PRIORITY_CLASS_LABEL)
+KUEUE_WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Workload Kueue makes for a Job
+# A Pod that the scheduler preempted or that an eviction or node drain removed gets this
+# condition: its failure is not the trainer's, so it neither fails the Job nor counts as a restart.
+DISRUPTION_IGNORED = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
+                                                                           "status": "True"}]}]}
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "wmrl-operator"}
 CONFIG_MOUNT = "/etc/wmrl"
@@ -109,6 +120,17 @@ class Options:
     sandbox_replicas: Optional[int] = None  # None: spec.sandbox.minReplicas
     job_deadline_seconds: Optional[int] = None  # remaining run deadline for the trainer Job
     operator_image: str = DEFAULT_OPERATOR_IMAGE
+    admission: tuple[tuple[str, str], ...] = ()  # the run's Kueue labels (admission_labels)
+
+
+def admission_labels(run_labels: Optional[dict[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The run's Kueue labels (queue name, priority class) that its trainer Job carries."""
+    return tuple((k, run_labels[k]) for k in ADMISSION_LABELS if (run_labels or {}).get(k))
+
+
+def queued(opts: Options) -> bool:
+    """Whether Kueue admits the trainer Job (it is created suspended; Kueue unsuspends it)."""
+    return any(k == QUEUE_LABEL for k, _ in opts.admission)
 
 
 # ---------------------------------------------------------------- names
@@ -436,16 +458,22 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
         pod_spec["subdomain"] = name
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
+        "podFailurePolicy": DISRUPTION_IGNORED,
         "completions": t.nodes,
         "parallelism": t.nodes,
-        "suspend": bool(opts.suspended),
+        # Queued: created suspended, and only Kueue unsuspends it (at admission).
+        "suspend": bool(opts.suspended) or queued(opts),
         "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
     }
     if t.nodes > 1:
         job_spec["completionMode"] = "Indexed"
     if opts.job_deadline_seconds is not None:
+        # The Job controller restarts this clock whenever the Job is unsuspended: under Kueue it
+        # counts admitted time only.
         job_spec["activeDeadlineSeconds"] = max(1, int(opts.job_deadline_seconds))
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(run, name, "trainer"), "spec": job_spec}
+    meta = _meta(run, name, "trainer")
+    meta["labels"].update(dict(opts.admission))
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
 
 
 def trainer_service(run: Run) -> dict[str, Any]:

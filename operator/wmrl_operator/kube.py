@@ -33,6 +33,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("wmrl.dev/v1alpha1", "WMRLRun"): "wmrlruns",
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
 }
 
 

@@ -46,6 +46,8 @@ CLUSTER_ROLE_RULES: list[dict[str, Any]] = [
     # A calibration's token: created once (409 when it exists). Never read, listed, updated or watched: the
     # operator must not be a way to read the cluster's Secrets.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    # Kueue (when installed): suspend and resume a queued run through its Workload's spec.active.
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "patch"]},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]},

@@ -239,17 +239,25 @@ class Reconciler:
                                "the trainer Job completed", js.completion_time or now_s)
             return
 
-        if start_time is None and not spec.suspend:
+        admission = builders.admission_labels(body["metadata"].get("labels"))
+        queue = dict(admission).get(builders.QUEUE_LABEL)
+        # A queued run starts when Kueue admits its Job: its deadline counts from then.
+        if start_time is None and not spec.suspend and (not queue or js.state in ("pending", "running")):
             start_time = now_s
         if apply_children or js.state == "absent":
             await self._apply_children(run, spec, start_time, now, job_exists=job is not None,
-                                       skip_calibration=bool(conflicts), may_prune=generation != 1)
-        if job is not None and bool((job.get("spec") or {}).get("suspend")) != spec.suspend:
+                                       skip_calibration=bool(conflicts), may_prune=generation != 1,
+                                       admission=admission)
+        if job is not None and queue:
+            # Kueue owns Job.spec.suspend: suspending a queued run deactivates its Workload instead.
+            if spec.suspend or status.get("phase") == Phase.SUSPENDED.value:
+                await self._set_workload_active(run, job, active=not spec.suspend)
+        elif job is not None and bool((job.get("spec") or {}).get("suspend")) != spec.suspend:
             job = await self.kube.merge_patch("batch/v1", "Job", run.namespace, builders.trainer_name(run),
                                               {"spec": {"suspend": spec.suspend}})
             js = st.job_state(job)
 
-        phase, reason, message = st.phase_from_job(js, spec.suspend)
+        phase, reason, message = st.phase_from_job(js, spec.suspend, queue)
         if phase == Phase.PENDING.value and js.state == "absent" and status.get("phase") == Phase.PENDING.value:
             reason, message = status_reason(status, reason, message)
         if missing:  # a trainer runs with what it mounted: never fail it over a reference, say so
@@ -296,7 +304,7 @@ class Reconciler:
 
     async def _apply_children(self, run: builders.Run, spec: WMRLRunSpec, start_time: Optional[str],
                               now: dt.datetime, job_exists: bool, skip_calibration: bool = False,
-                              may_prune: bool = True) -> None:
+                              may_prune: bool = True, admission: tuple[tuple[str, str], ...] = ()) -> None:
         """Apply every child; ``may_prune``: delete the ones the spec no longer wants (only a changed
         spec can make one unwanted, so a run at generation 1 skips the two LISTs)."""
         reads = [self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))]
@@ -309,6 +317,7 @@ class Reconciler:
             sandbox_replicas=current,
             job_deadline_seconds=st.remaining_deadline(start_time, spec.active_deadline_seconds, now),
             operator_image=self.settings.operator_image,
+            admission=admission,
         )
         objs = builders.children(run, spec, opts)
         if skip_calibration:
@@ -346,6 +355,21 @@ class Reconciler:
                 raise
         if not builders.calibration_shared(spec) and run.uid:
             self._tokens.add(key)
+
+    async def _set_workload_active(self, run: builders.Run, job: dict[str, Any], active: bool) -> None:
+        """Kueue's way to stop (and later requeue) a workload: ``spec.active`` of the Workload that
+        Kueue made for the trainer Job (found by Kueue's job-uid label). No Kueue, no Workload: no-op."""
+        selector = f"{builders.KUEUE_JOB_UID_LABEL}={job['metadata'].get('uid', '')}"
+        try:
+            workloads = await self.kube.list(*builders.KUEUE_WORKLOAD, run.namespace, selector)
+        except ApiError as exc:
+            if exc.status == 404:  # Kueue's CRDs are not installed
+                return
+            raise
+        for wl in workloads:
+            if ((wl.get("spec") or {}).get("active", True)) != active:
+                await self.kube.merge_patch(*builders.KUEUE_WORKLOAD, run.namespace, wl["metadata"]["name"],
+                                            {"spec": {"active": active}})
 
     async def _prune(self, run: builders.Run, desired: list[dict[str, Any]]) -> None:
         """Delete the children a spec change made unwanted (no GPU stays allocated to an old vLLM)."""

@@ -24,6 +24,7 @@ INVALID_SPEC = "InvalidSpec"
 WAITING_FOR_REFERENCES = "WaitingForReferences"
 REFERENCE_MISSING = "ReferenceMissing"
 OWNERSHIP_CONFLICT = "OwnershipConflict"
+QUEUED = "Queued"  # waiting for Kueue to admit the trainer Job
 MAX_RESTARTS = "MaxRestartsExceeded"
 DEADLINE = "DeadlineExceeded"
 CONDITION_TYPES = ("Running", "Suspended", "Complete", "Failed")
@@ -141,10 +142,14 @@ def changed(old: dict[str, Any], patch: dict[str, Any]) -> bool:
     return any(old.get(k) != v for k, v in patch.items())
 
 
-def phase_from_job(js: JobState, suspended: bool) -> tuple[str, str, str]:
-    """(phase, reason, message) for a non-failed, non-terminal trainer Job."""
+def phase_from_job(js: JobState, suspended: bool, queue: Optional[str] = None) -> tuple[str, str, str]:
+    """(phase, reason, message) for a non-failed, non-terminal trainer Job; ``queue``: the Kueue
+    LocalQueue that admits it (its Job stays suspended until then)."""
     if js.state == "succeeded":
         return Phase.SUCCEEDED.value, "TrainerCompleted", "the trainer Job completed"
+    if queue and not suspended and js.state in ("suspended", "absent"):
+        return (Phase.PENDING.value, QUEUED,
+                f"waiting for Kueue to admit the trainer Job (LocalQueue {queue!r}); it starts once admitted")
     if suspended or js.state == "suspended":
         return Phase.SUSPENDED.value, "Suspended", "spec.suspend is true: trainer suspended, pools scaled to zero"
     if js.state == "running":

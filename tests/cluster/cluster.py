@@ -53,6 +53,7 @@ _VERSION_VARS = {
     "etcd": "ETCD_VERSION",
     "kwok": "KWOK_VERSION",
     "helm": "HELM_VERSION",
+    "kueue": "KUEUE_VERSION",
 }
 
 
@@ -75,6 +76,7 @@ _BINARY_GROUP = {
     "kubectl": "k8s",
     "kwok": "kwok",
     "helm": "helm",
+    "kueue": "kueue",
 }
 
 
@@ -375,7 +377,8 @@ _POD_IPS = """      {{ $hostIPs := NodeIPsWith .spec.nodeName }}
 
 
 def _terminal_stage(name: str, phase: str, exit_code: int, reason: str,
-                    selector_extra: str, delay: str = "") -> str:
+                    selector_extra: str, delay: str = "", deleting: bool = False) -> str:
+    deletion = _NOT_DELETING.replace("DoesNotExist", "Exists") if deleting else _NOT_DELETING
     return f"""---
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
@@ -387,7 +390,7 @@ spec:
     kind: Pod
   selector:
     matchExpressions:
-{_NOT_DELETING}
+{deletion}
     - key: '.status.phase'
       operator: 'In'
       values: ['Pending', 'Running']
@@ -397,6 +400,15 @@ spec:
       {{{{ $now := Now }}}}
       {{{{ $start := or .status.startTime $now }}}}
       conditions:
+      {{{{ range .status.conditions }}}}
+      {{{{ if eq .type "DisruptionTarget" }}}}
+      - type: DisruptionTarget
+        status: {{{{ .status | Quote }}}}
+        reason: {{{{ or .reason "" | Quote }}}}
+        message: {{{{ or .message "" | Quote }}}}
+        lastTransitionTime: {{{{ or .lastTransitionTime $now | Quote }}}}
+      {{{{ end }}}}
+      {{{{ end }}}}
       - lastTransitionTime: {{{{ $now | Quote }}}}
         status: "True"
         type: Initialized
@@ -646,7 +658,11 @@ spec:
     durationFrom:
       expressionFrom: '{after}'
 """),
-        # --- pods being deleted are removed
+        # --- pods being deleted first stop, as a kubelet stops them: their containers are killed and
+        # the pod fails (keeping a DisruptionTarget condition that an eviction or preemption set, which
+        # the Job controller's podFailurePolicy reads) ...
+        _terminal_stage("wmrl-pod-delete-kill", "Failed", 137, "Error", "", deleting=True),
+        # --- ... and once terminal they are removed
         f"""---
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
@@ -660,6 +676,9 @@ spec:
     matchExpressions:
     - key: '.metadata.deletionTimestamp'
       operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Succeeded', 'Failed']
   next:
     delete: true
 """,

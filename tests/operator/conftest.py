@@ -93,3 +93,29 @@ def operator(crd_installed, namespace, tmp_path_factory):
     op = Operator(crd_installed.kubeconfig, namespace, tmp_path_factory.mktemp("operator") / "operator.log").start()
     yield op
     op.stop()
+
+
+@pytest.fixture(scope="session")
+def kueue(crd_installed, tmp_path_factory):
+    """Kueue's controller manager (built from source with the control plane) watching the test cluster;
+    see tests/cluster/kueue.py. On an external cluster (WMRL_KUBECONFIG, e.g. kind) Kueue must already run."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    if os.environ.get("WMRL_KUBECONFIG"):
+        res = crd_installed.kubectl("get", "crd", "workloads.kueue.x-k8s.io", check=False)
+        if res.returncode != 0:
+            pytest.skip("the external cluster has no Kueue (install it to run the admission tests there)")
+        yield None
+        return
+    path = Path(__file__).resolve().parents[1] / "cluster" / "kueue.py"
+    spec = importlib.util.spec_from_file_location("wmrl_kueue", path)
+    module = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules["wmrl_kueue"] = module  # dataclasses look their module up while executing it
+    spec.loader.exec_module(module)
+    manager = module.start(crd_installed, tmp_path_factory.mktemp("kueue"))
+    yield manager
+    manager.stop()

@@ -517,3 +517,27 @@ def test_an_object_of_another_run_or_a_shared_calibration_is_a_conflict_naming_i
                                                            algorithm={"denoising": {"maxWeight": 2.0}})))
     why = b.ownership_conflict(own, stricter[("Deployment", "team")], first[("Deployment", "team")])
     assert "runs with other settings" in why and "must agree" in why  # never last-writer-wins
+
+
+def test_a_preempted_or_evicted_trainer_pod_is_not_a_failure():
+    job = b.trainer_job(RUN, spec())
+    assert job["spec"]["podFailurePolicy"] == {"rules": [{"action": "Ignore", "onPodConditions": [
+        {"type": "DisruptionTarget", "status": "True"}]}]}
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # which podFailurePolicy requires
+
+
+def test_a_queued_run_hands_its_job_to_kueue_suspended_and_labelled():
+    admission = b.admission_labels({"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class": "high",
+                                    "other": "x"})
+    assert admission == (("kueue.x-k8s.io/queue-name", "team-a"), ("kueue.x-k8s.io/priority-class", "high"))
+    assert b.admission_labels(None) == () and b.admission_labels({"kueue.x-k8s.io/queue-name": ""}) == ()
+    job = b.trainer_job(RUN, spec(), b.Options(admission=admission))
+    assert job["spec"]["suspend"] is True  # only Kueue unsuspends it
+    labels = job["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-a" and labels["kueue.x-k8s.io/priority-class"] == "high"
+    assert labels["wmrl.dev/run"] == "demo"
+    plain = b.trainer_job(RUN, spec())
+    assert plain["spec"]["suspend"] is False and "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+    assert b.trainer_job(RUN, spec(), b.Options(admission=(("kueue.x-k8s.io/priority-class", "high"),)))[
+        "spec"]["suspend"] is False  # a priority class alone queues nothing
+

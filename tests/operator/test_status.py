@@ -31,6 +31,14 @@ def test_phase_from_job():
     assert st.phase_from_job(st.JobState("succeeded"), False)[0] == "Succeeded"
 
 
+def test_a_queued_run_waits_for_kueue_under_its_own_reason():
+    phase, reason, message = st.phase_from_job(st.JobState("suspended"), False, "team-a")
+    assert (phase, reason) == ("Pending", "Queued") and "'team-a'" in message
+    assert st.phase_from_job(st.JobState("absent"), False, "team-a")[1] == "Queued"
+    assert st.phase_from_job(st.JobState("running"), False, "team-a")[0] == "Running"  # admitted
+    assert st.phase_from_job(st.JobState("suspended"), True, "team-a")[0] == "Suspended"  # the user's suspend
+
+
 def test_conditions_keep_transition_time_unless_status_flips():
     c1 = st.conditions_for("Running", "TrainerRunning", "m", [], 1, "T1")
     c2 = st.conditions_for("Running", "TrainerRunning", "m", c1, 2, "T2")
