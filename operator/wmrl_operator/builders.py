@@ -121,6 +121,7 @@ class Options:
     job_deadline_seconds: Optional[int] = None  # remaining run deadline for the trainer Job
     operator_image: str = DEFAULT_OPERATOR_IMAGE
     admission: tuple[tuple[str, str], ...] = ()  # the run's Kueue labels (admission_labels)
+    calibration_state_uid: Optional[str] = None  # a shared calibration's state ConfigMap: owns the rest of it
 
 
 def admission_labels(run_labels: Optional[dict[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -643,12 +644,23 @@ def world_model_service(run: Run) -> dict[str, Any]:
 # ---------------------------------------------------------------- calibration service
 
 
-def _calibration_meta(run: Run, spec: WMRLRunSpec, name: str) -> dict[str, Any]:
-    """A run's own calibration is owned and run-labelled; a shared one belongs to no run."""
+def calibration_state_name(run: Run, spec: WMRLRunSpec) -> str:
+    return f"{calibration_name(run, spec)}-state"
+
+
+def _calibration_meta(run: Run, spec: WMRLRunSpec, name: str, state_uid: Optional[str] = None) -> dict[str, Any]:
+    """A run's own calibration is owned and run-labelled. A shared one belongs to no run: its state
+    ConfigMap (the calibration's data, owned by nobody) owns the rest of it, so deleting that one
+    object deletes the whole calibration (``state_uid``: the ConfigMap's uid, once it exists)."""
     cname = calibration_name(run, spec)
     if calibration_shared(spec):
-        return {"name": name, "namespace": run.namespace,
-                "labels": {CALIBRATION_LABEL: cname, **MANAGED_BY, COMPONENT_LABEL: "calibration"}}
+        meta: dict[str, Any] = {"name": name, "namespace": run.namespace,
+                                "labels": {CALIBRATION_LABEL: cname, **MANAGED_BY, COMPONENT_LABEL: "calibration"}}
+        state = calibration_state_name(run, spec)
+        if state_uid and name != state:
+            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": state, "uid": state_uid,
+                                        "controller": True, "blockOwnerDeletion": False}]
+        return meta
     meta = _meta(run, name, "calibration")
     meta["labels"][CALIBRATION_LABEL] = cname
     return meta
@@ -663,7 +675,8 @@ def calibration_config(spec: WMRLRunSpec) -> dict[str, Any]:
 def calibration_objects(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> list[dict[str, Any]]:
     """State ConfigMap (no ``data``: the service owns it) + SA/Role/RoleBinding + Deployment + Service."""
     c = calibration_name(run, spec)
-    state = f"{c}-state"
+    state = calibration_state_name(run, spec)
+    uid = opts.calibration_state_uid
     selector = {CALIBRATION_LABEL: c, COMPONENT_LABEL: "calibration"}
     args = ["wmrl", "calibration", "serve", "--configmap", f"{run.namespace}/{state}", "--port", str(CALIBRATION_PORT)]
     pod_sec, container_sec = _hardened_security()
@@ -677,41 +690,41 @@ def calibration_objects(run: Run, spec: WMRLRunSpec, opts: Options = Options()) 
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": CALIBRATION_PORT}, "periodSeconds": 5},
         "securityContext": container_sec,
     }
-    deployment_labels = {**_calibration_meta(run, spec, c)["labels"], **selector}
+    deployment_labels = {**_calibration_meta(run, spec, c, uid)["labels"], **selector}
     return [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _calibration_meta(run, spec, state)},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _calibration_meta(run, spec, c)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _calibration_meta(run, spec, c),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _calibration_meta(run, spec, c, uid)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _calibration_meta(run, spec, c, uid),
          "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [state],
                     "verbs": ["get", "update", "patch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _calibration_meta(run, spec, c),
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _calibration_meta(run, spec, c, uid),
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": c},
          "subjects": [{"kind": "ServiceAccount", "name": c, "namespace": run.namespace}]},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _calibration_meta(run, spec, c),
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _calibration_meta(run, spec, c, uid),
          "spec": {"replicas": 1, "selector": {"matchLabels": selector},
                   "template": {"metadata": {"labels": deployment_labels},
                                "spec": {"serviceAccountName": c, "securityContext": pod_sec, "containers": [container]}}}},
-        _service(_calibration_meta(run, spec, c), selector, CALIBRATION_PORT, "http", headless=False),
-        calibration_network_policy(run, spec),
+        _service(_calibration_meta(run, spec, c, uid), selector, CALIBRATION_PORT, "http", headless=False),
+        calibration_network_policy(run, spec, uid),
     ]
 
 
-def calibration_token_secret(run: Run, spec: WMRLRunSpec, token: str) -> dict[str, Any]:
+def calibration_token_secret(run: Run, spec: WMRLRunSpec, token: str, state_uid: Optional[str] = None) -> dict[str, Any]:
     """The calibration's token Secret, created once with ``token`` (the reconciler draws it) and never rewritten:
     re-applying would rotate it under running trainers."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": _calibration_meta(run, spec, calibration_token_name(run, spec)),
+            "metadata": _calibration_meta(run, spec, calibration_token_name(run, spec), state_uid),
             "stringData": {TOKEN_KEY: token}}
 
 
-def calibration_network_policy(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
+def calibration_network_policy(run: Run, spec: WMRLRunSpec, state_uid: Optional[str] = None) -> dict[str, Any]:
     """Ingress to the calibration service only from the trainers that share it (any run's, labelled with
     its name) and from the operator's Pods (reads for the run's status)."""
     c = calibration_name(run, spec)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _calibration_meta(run, spec, c),
+        "metadata": _calibration_meta(run, spec, c, state_uid),
         "spec": {
             "podSelector": {"matchLabels": {CALIBRATION_LABEL: c, COMPONENT_LABEL: "calibration"}},
             "policyTypes": ["Ingress"],
@@ -735,13 +748,16 @@ def ownership_conflict(run: Run, desired: dict[str, Any], existing: Optional[dic
         return None
     where = f"{desired['kind']} {run.namespace}/{desired['metadata']['name']}"
     owners = [r for r in existing["metadata"].get("ownerReferences") or [] if r.get("controller")]
-    if owners and owners[0].get("uid") != run.uid:
-        return f"{where} belongs to {owners[0].get('kind')} {owners[0].get('name')!r} (spec.calibration.name)"
     labels = existing["metadata"].get("labels") or {}
-    if desired["metadata"].get("ownerReferences") and not owners and CALIBRATION_LABEL in labels \
-            and RUN_LABEL not in labels:
+    wanted = desired["metadata"].get("labels") or {}
+    shared_desired = RUN_LABEL not in wanted and CALIBRATION_LABEL in wanted
+    shared_existing = RUN_LABEL not in labels and CALIBRATION_LABEL in labels and \
+        all(o.get("kind") == "ConfigMap" and o.get("name") == f"{labels[CALIBRATION_LABEL]}-state" for o in owners)
+    if shared_existing and not shared_desired:
         return f"{where} is the shared calibration {labels[CALIBRATION_LABEL]!r}, not this run's own"
-    if desired["kind"] == "Deployment" and not desired["metadata"].get("ownerReferences"):
+    if owners and owners[0].get("uid") != run.uid and not (shared_existing and shared_desired):
+        return f"{where} belongs to {owners[0].get('kind')} {owners[0].get('name')!r} (spec.calibration.name)"
+    if desired["kind"] == "Deployment" and shared_desired:
         # Runs sharing a calibration must agree on what it computes: the first one's settings stand.
         theirs, ours = _calibration_settings(existing), _calibration_settings(desired)
         if theirs is not None and ours is not None and theirs != ours:

@@ -307,12 +307,19 @@ class Reconciler:
                               may_prune: bool = True, admission: tuple[tuple[str, str], ...] = ()) -> None:
         """Apply every child; ``may_prune``: delete the ones the spec no longer wants (only a changed
         spec can make one unwanted, so a run at generation 1 skips the two LISTs)."""
+        calibration = builders.needs_calibration(spec) and not skip_calibration
+        state_uid = None
+        if calibration and builders.calibration_shared(spec):
+            # A shared calibration's state ConfigMap owns the rest of it: it comes first, for its uid.
+            state = next(o for o in builders.calibration_objects(run, spec) if o["kind"] == "ConfigMap")
+            state_uid = (await self.kube.apply(state))["metadata"]["uid"]
         reads = [self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))]
-        if builders.needs_calibration(spec) and not skip_calibration:
-            reads.append(self._ensure_calibration_token(run, spec))  # before the Pods that read it
+        if calibration:
+            reads.append(self._ensure_calibration_token(run, spec, state_uid))  # before the Pods that read it
         sandbox, *_ = await asyncio.gather(*reads)
         current = ((sandbox or {}).get("spec") or {}).get("replicas")
         opts = builders.Options(
+            calibration_state_uid=state_uid,
             suspended=spec.suspend,
             sandbox_replicas=current,
             job_deadline_seconds=st.remaining_deadline(start_time, spec.active_deadline_seconds, now),
@@ -336,7 +343,8 @@ class Reconciler:
                 if exc.status != 409:  # the old incarnation still terminating: the next event retries
                     raise
 
-    async def _ensure_calibration_token(self, run: builders.Run, spec: WMRLRunSpec) -> None:
+    async def _ensure_calibration_token(self, run: builders.Run, spec: WMRLRunSpec,
+                                        state_uid: Optional[str] = None) -> None:
         """Create the calibration's token Secret unless it exists; never rewrite one (trainers hold it).
 
         Create-only on purpose: the operator may create Secrets but not read them, so "exists" is
@@ -349,7 +357,7 @@ class Reconciler:
         if key in self._tokens:
             return
         try:
-            await self.kube.create(builders.calibration_token_secret(run, spec, secrets.token_urlsafe(32)))
+            await self.kube.create(builders.calibration_token_secret(run, spec, secrets.token_urlsafe(32), state_uid))
         except ApiError as exc:
             if exc.status != 409:  # 409: another run sharing it (or an earlier operator) made it; it stands
                 raise

@@ -519,6 +519,37 @@ def test_an_object_of_another_run_or_a_shared_calibration_is_a_conflict_naming_i
     assert "runs with other settings" in why and "must agree" in why  # never last-writer-wins
 
 
+def test_a_shared_calibration_is_owned_by_its_state_configmap():
+    """Its own object: deleting the state ConfigMap (the calibration's data) deletes all of it."""
+    shared = spec(calibration={"name": "team"})
+    objs = b.calibration_objects(RUN, shared, b.Options(calibration_state_uid="cm-uid"))
+    for obj in objs:
+        refs = obj["metadata"].get("ownerReferences")
+        if obj["metadata"]["name"] == "team-state":
+            assert refs is None  # the owner itself belongs to nobody
+        else:
+            assert refs == [{"apiVersion": "v1", "kind": "ConfigMap", "name": "team-state", "uid": "cm-uid",
+                             "controller": True, "blockOwnerDeletion": False}], obj["kind"]
+    secret = b.calibration_token_secret(RUN, shared, "tok", "cm-uid")
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "team-state"
+    # As applied (owned by the ConfigMap), it is still the same shared calibration to another run ...
+    other = b.Run("beta", "ns1", "uid-beta")
+    applied = by_kind_name(objs)
+    for key, obj in by_kind_name(b.calibration_objects(other, shared)).items():
+        assert b.ownership_conflict(other, obj, applied[key]) is None, key
+    # ... and never a run's own calibration of that name.
+    team = b.Run("team", "ns1", "uid-team")
+    mine = by_kind_name(b.calibration_objects(team, spec()))
+    why = b.ownership_conflict(team, mine[("Deployment", "team-calibration")],
+                               {**applied[("Deployment", "team")],
+                                "metadata": {**applied[("Deployment", "team")]["metadata"], "name": "team-calibration",
+                                             "labels": {**applied[("Deployment", "team")]["metadata"]["labels"],
+                                                        "wmrl.dev/calibration": "team-calibration"},
+                                             "ownerReferences": [{"kind": "ConfigMap", "name": "team-calibration-state",
+                                                                  "uid": "x", "controller": True}]}})
+    assert "shared calibration 'team-calibration'" in why
+
+
 def test_a_preempted_or_evicted_trainer_pod_is_not_a_failure():
     job = b.trainer_job(RUN, spec())
     assert job["spec"]["podFailurePolicy"] == {"rules": [{"action": "Ignore", "onPodConditions": [

@@ -243,11 +243,20 @@ def test_deleting_a_run_garbage_collects_children_but_not_a_shared_calibration(k
         if "calibration" in name:
             continue
         wait_for(lambda: kube.get(kind, name) is None, timeout=60, what=f"{kind}/{name} collected")
-    for kind, name in (("deployment", "shared-cal"), ("service", "shared-cal"), ("configmap", "shared-cal-state"),
-                       ("secret", "shared-cal-token"), ("networkpolicy", "shared-cal")):
+    state = kube.get("configmap", "shared-cal-state")
+    assert state is not None and "ownerReferences" not in state["metadata"]  # the calibration's own object
+    others = (("deployment", "shared-cal"), ("service", "shared-cal"), ("secret", "shared-cal-token"),
+              ("networkpolicy", "shared-cal"), ("serviceaccount", "shared-cal"), ("role", "shared-cal"),
+              ("rolebinding", "shared-cal"))
+    for kind, name in others:
         obj = kube.get(kind, name)
-        assert obj is not None and "ownerReferences" not in obj["metadata"]
-        assert obj["metadata"]["labels"]["wmrl.dev/calibration"] == "shared-cal"
+        assert obj is not None and obj["metadata"]["labels"]["wmrl.dev/calibration"] == "shared-cal"
+        assert [(r["kind"], r["name"], r["uid"]) for r in obj["metadata"]["ownerReferences"]] == [
+            ("ConfigMap", "shared-cal-state", state["metadata"]["uid"])], kind
+    # Deleting that one object deletes the whole shared calibration.
+    kube.run("delete", "configmap", "shared-cal-state", "-n", kube.ns)
+    for kind, name in others:
+        wait_for(lambda: kube.get(kind, name) is None, timeout=60, what=f"{kind}/{name} collected")
 
 
 def test_a_run_made_again_under_its_name_gets_a_token_of_its_own(kube, operator):
@@ -286,7 +295,8 @@ def test_a_calibration_token_is_made_once_and_only_its_trainers_are_admitted(kub
     kube.apply(run_manifest("pi", calibration={"name": "omicron-shared"}))
     secret = wait_for(lambda: kube.get("secret", "omicron-shared-token"), what="token secret")
     token = base64.b64decode(secret["data"]["token"]).decode()
-    assert len(token) >= 40 and "ownerReferences" not in secret["metadata"]  # shared: belongs to no run
+    assert len(token) >= 40
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "omicron-shared-state"  # shared: belongs to no run
     service = wait_for(lambda: kube.get("deployment", "omicron-shared"), what="calibration deployment")
     assert _token_ref(service["spec"]["template"]["spec"]["containers"][0]) == {"name": "omicron-shared-token",
                                                                                  "key": "token"}
