@@ -129,9 +129,9 @@ def admission_labels(run_labels: Optional[dict[str, str]]) -> tuple[tuple[str, s
     return tuple((k, run_labels[k]) for k in ADMISSION_LABELS if (run_labels or {}).get(k))
 
 
-def queued(opts: Options) -> bool:
-    """Whether Kueue admits the trainer Job (it is created suspended; Kueue unsuspends it)."""
-    return any(k == QUEUE_LABEL for k, _ in opts.admission)
+def queue_name(admission: tuple[tuple[str, str], ...]) -> Optional[str]:
+    """The Kueue LocalQueue that admits the trainer Job (created suspended; Kueue unsuspends it), if any."""
+    return dict(admission).get(QUEUE_LABEL)
 
 
 # ---------------------------------------------------------------- names
@@ -463,7 +463,7 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
         "completions": t.nodes,
         "parallelism": t.nodes,
         # Queued: created suspended, and only Kueue unsuspends it (at admission).
-        "suspend": bool(opts.suspended) or queued(opts),
+        "suspend": bool(opts.suspended) or bool(queue_name(opts.admission)),
         "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
     }
     if t.nodes > 1:

@@ -240,7 +240,7 @@ class Reconciler:
             return
 
         admission = builders.admission_labels(body["metadata"].get("labels"))
-        queue = dict(admission).get(builders.QUEUE_LABEL)
+        queue = builders.queue_name(admission)
         # A queued run starts when Kueue admits its Job: its deadline counts from then.
         if start_time is None and not spec.suspend and (not queue or js.state in ("pending", "running")):
             start_time = now_s
@@ -331,7 +331,8 @@ class Reconciler:
             names = {(o["kind"], o["metadata"]["name"]) for o in builders.calibration_objects(run, spec, opts)}
             objs = [o for o in objs if (o["kind"], o["metadata"]["name"]) not in names]
         job = [o for o in objs if o["kind"] == "Job"]
-        others = [o for o in objs if o["kind"] != "Job"]
+        applied = {("ConfigMap", builders.calibration_state_name(run, spec))} if state_uid else set()
+        others = [o for o in objs if o["kind"] != "Job" and (o["kind"], o["metadata"]["name"]) not in applied]
         # Independent objects in parallel; the Job last, once its SA, config and Services exist.
         await asyncio.gather(*(self.kube.apply(o) for o in others))
         if may_prune:
