@@ -11,6 +11,8 @@
   or 429 from older servers -- waits for a slot and does not use up the ``max_retries`` budget;
   a connection failure (a pod that died mid-run), another 5xx or a ``SandboxError`` response is
   retried on another pod with backoff; a 4xx is the request's fault and fails at once;
+* one attempt may wait in the server's own queue (``server_queue_wait``, when other clients share
+  the pod) before its ``run_timeout`` starts, so its HTTP timeout is the sum of both plus a margin;
 * ``run``/``run_task`` return futures; the queue is bounded (submitting blocks while it is
   full: backpressure); ``demand`` = queued + in flight, which the trainer reports to the
   operator's autoscaler.
@@ -33,6 +35,10 @@ import httpx
 log = logging.getLogger("wmrl.sandbox.dispatcher")
 
 HTTP_MARGIN_S = 30.0  # added to run_timeout for one HTTP attempt (setup, file transfer, cleanup)
+SERVER_QUEUE_WAIT_S = 60.0
+"""The longest a server holds a request in its queue before it runs or answers busy (the server's
+default ``--max-queue-wait``). Other clients of the same pod can fill its slots, so one attempt may
+wait that long before its run even starts: an attempt's HTTP timeout allows for it."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -154,7 +160,8 @@ class SandboxDispatcher:
 
     def __init__(self, endpoints: Endpoints, slots_per_pod: int = 1, timeout: float = 60.0, max_retries: int = 3,
                  *, max_queue: int = 4096, workers: int = 64, backoff: float = 0.2, no_endpoint_wait: float = 60.0,
-                 memory_limit_mb: Optional[int] = None):
+                 memory_limit_mb: Optional[int] = None, server_queue_wait: float = SERVER_QUEUE_WAIT_S,
+                 http_margin: float = HTTP_MARGIN_S):
         if slots_per_pod < 1:
             raise ValueError(f"slots_per_pod must be >= 1, got {slots_per_pod}")
         if timeout <= 0:
@@ -166,6 +173,8 @@ class SandboxDispatcher:
         self.backoff = backoff
         self.no_endpoint_wait = no_endpoint_wait
         self.memory_limit_mb = memory_limit_mb
+        self.server_queue_wait = server_queue_wait
+        self.http_margin = http_margin
         self._queue: deque[_Job] = deque()
         self._max_queue = max_queue
         self._cond = threading.Condition()
@@ -220,7 +229,7 @@ class SandboxDispatcher:
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(SandboxUnavailable("dispatcher closed"))
         for w in self._workers:
-            w.join(timeout=self.timeout + HTTP_MARGIN_S)
+            w.join(timeout=self.server_queue_wait + self.timeout + self.http_margin)
         self._http.close()
         self.endpoints.close()
 
@@ -349,8 +358,8 @@ class SandboxDispatcher:
                 return job.post(body) if job.post else body
             if retry_reason == "busy":
                 job.busy_since = job.busy_since or time.monotonic()
-                if time.monotonic() - job.busy_since > self.timeout + HTTP_MARGIN_S:
-                    raise SandboxUnavailable(f"every sandbox stayed busy for {self.timeout + HTTP_MARGIN_S:.0f}s")
+                if time.monotonic() - job.busy_since > self.timeout + self.http_margin:
+                    raise SandboxUnavailable(f"every sandbox stayed busy for {self.timeout + self.http_margin:.0f}s")
                 continue
             log.warning("sandbox %s failed (%s); attempt %d/%d", url, retry_reason, job.failures,
                         self.max_retries + 1)
@@ -359,7 +368,9 @@ class SandboxDispatcher:
 
     def _post(self, url: str, job: _Job) -> tuple[Optional[dict], Optional[str], float]:
         """One attempt: (response body, None, 0) or (None, why to retry, cooldown); raises for a 4xx."""
-        response = self._http.post(f"{url}/run_code", json=job.body, timeout=job.run_timeout + HTTP_MARGIN_S)
+        # The server may queue the request (behind other clients) before its run_timeout starts.
+        attempt_timeout = self.server_queue_wait + job.run_timeout + self.http_margin
+        response = self._http.post(f"{url}/run_code", json=job.body, timeout=attempt_timeout)
         if response.status_code == 429 or (response.status_code == 503 and "Retry-After" in response.headers):
             try:
                 retry_after = float(response.headers.get("Retry-After", 1))

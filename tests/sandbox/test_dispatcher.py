@@ -11,8 +11,9 @@ import pytest
 from sandbox_helpers import OK_BODY, Scripted
 from wmrl.outcome import Status
 from wmrl.tasks import Task
-from wmrl_sandbox.dispatcher import (EndpointSliceEndpoints, SandboxDispatcher, SandboxRequestError,
-                                     SandboxUnavailable, StaticEndpoints)
+from wmrl_sandbox import server as sandbox_server
+from wmrl_sandbox.dispatcher import (SERVER_QUEUE_WAIT_S, EndpointSliceEndpoints, SandboxDispatcher,
+                                     SandboxRequestError, SandboxUnavailable, StaticEndpoints)
 from wmrl_sandbox.local import LocalServer
 
 SLEEP = "import time\ntime.sleep({s})\nprint('slept')"
@@ -132,6 +133,28 @@ def test_busy_pod_is_waited_for_not_failed():
             assert d.run("print('after')").result(timeout=60)["run_result"]["stdout"] == "after\n"
         hog.join()
         assert metric(a, 'wmrl_sandbox_rejected_total{reason="queue_full"}') >= 1  # it was really turned away
+
+
+def test_a_wait_in_the_servers_queue_is_not_a_timeout():
+    """Another client holds the only slot; the server queues the dispatcher's request behind it.
+    The attempt's HTTP timeout counts that wait: without it (run_timeout + margin < wait + run)
+    the attempt would time out and, with no retries, fail."""
+    with LocalServer(slots=1, args=("--max-queue-wait", "6")) as a:
+        hog = threading.Thread(target=lambda: httpx.post(f"{a.url}/run_code", timeout=30, json={
+            "code": SLEEP.format(s=2.5), "language": "python"}))
+        hog.start()
+        while a.healthz()["busy"] == 0:
+            time.sleep(0.02)
+        with SandboxDispatcher(StaticEndpoints([a.url]), timeout=1.5, max_retries=0, http_margin=0.5,
+                               server_queue_wait=6) as d:
+            result = d.run(SLEEP.format(s=0.3)).result(timeout=60)
+        hog.join()
+        assert result["run_result"]["stdout"] == "slept\n"
+        assert metric(a, "wmrl_sandbox_queue_wait_seconds_sum") >= 1.0  # it really waited in the server's queue
+
+
+def test_the_dispatchers_queue_allowance_is_the_servers_default():
+    assert SERVER_QUEUE_WAIT_S == sandbox_server.DEFAULT_MAX_QUEUE_WAIT
 
 
 @pytest.mark.parametrize("busy", [
