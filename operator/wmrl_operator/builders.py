@@ -13,6 +13,7 @@ Which children exist depends on the mode:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Workload Kueue makes fo
 DISRUPTION_IGNORED = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
                                                                            "status": "True"}]}]}
 COMPONENT_LABEL = "app.kubernetes.io/component"
+APPLIED_HASH = "wmrl.dev/applied-hash"
+"""Annotation on every applied child: the hash of the manifest the operator applied (``stamped``)."""
 MANAGED_BY = {"app.kubernetes.io/managed-by": "wmrl-operator"}
 CONFIG_MOUNT = "/etc/wmrl"
 TASKS_MOUNT = "/tasks"
@@ -818,6 +821,17 @@ def unwanted(run: Run, desired: list[dict[str, Any]], existing: list[dict[str, A
     return [o for o in existing
             if (o.get("kind"), o["metadata"]["name"]) not in want
             and any(ref.get("uid") == run.uid for ref in o["metadata"].get("ownerReferences") or [])]
+
+
+def stamped(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with :data:`APPLIED_HASH` set to a hash of everything else in it: two manifests get
+    the same stamp exactly when they are the same (key order aside)."""
+    meta = {k: v for k, v in obj["metadata"].items() if k != "annotations"}
+    annotations = {k: v for k, v in (obj["metadata"].get("annotations") or {}).items() if k != APPLIED_HASH}
+    canonical = json.dumps({**obj, "metadata": {**meta, "annotations": annotations}}, sort_keys=True,
+                           separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:20]
+    return {**obj, "metadata": {**meta, "annotations": {**annotations, APPLIED_HASH: digest}}}
 
 
 def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:

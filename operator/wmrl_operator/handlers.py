@@ -2,6 +2,8 @@
 
 - WMRLRun create/update/resume -> full reconcile (re-apply every child);
 - trainer Job events (label ``wmrl.dev/run``) -> status reconcile of the owning run;
+- kopf indexes of the other children (``children.py``), so a reconcile writes only the children
+  that are missing or differ; a child deleted by hand -> full reconcile of its run (made again);
 - WMRLRun events keep the set of known runs for the periodic resync loop, which handles
   deadlines, TTL, missed events and the sandbox autoscaler, and refreshes status.calibration.
 
@@ -23,8 +25,9 @@ import kopf
 from prometheus_client import Counter, Histogram
 
 from wmrl.api.schema import GROUP, PLURAL, VERSION, field_errors, parse_spec
-from wmrl_operator.builders import RUN_LABEL
-from wmrl_operator.kube import Kube
+from wmrl_operator import children
+from wmrl_operator.builders import MANAGED_BY, RUN_LABEL
+from wmrl_operator.kube import PLURALS, Kube
 from wmrl_operator.reconcile import Reconciler, Settings
 
 log = logging.getLogger("wmrl.operator")
@@ -88,10 +91,12 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
-    async def startup(**_: Any) -> None:
+    async def startup(**kwargs: Any) -> None:
         kube = Kube()
         timeout = config.settings.calibration_timeout
-        reconciler = Reconciler(kube, config.settings,
+        known_children = children.Children()
+        known_children.attach(kwargs)
+        reconciler = Reconciler(kube, config.settings, children=known_children,
                                 fetch_calibration=lambda url: _fetch_calibration(url, timeout))
         state["kube"], state["reconciler"] = kube, reconciler
         state["loop"] = asyncio.create_task(_resync_loop(reconciler, known, config))
@@ -124,6 +129,15 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
         else:
             known.add((namespace, name))
 
+    async def child_event(type: Optional[str], labels: dict[str, str], namespace: str, **_: Any) -> None:
+        """A child deleted while its run lives is made again (a run being deleted is not reconciled)."""
+        run = labels.get(RUN_LABEL)
+        if type == "DELETED" and run and (namespace, run) in known:
+            try:
+                await _run("child", state["reconciler"].reconcile(namespace, run, apply_children=True))
+            except kopf.TemporaryError as exc:  # not retried: the next spec event or restart catches up
+                log.warning("child event reconcile failed: %s", exc, extra={"run": run, "namespace": namespace})
+
     @kopf.on.event("batch", "v1", "jobs", labels={RUN_LABEL: kopf.PRESENT}, registry=registry)
     async def job_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
         run = labels.get(RUN_LABEL)
@@ -132,6 +146,15 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
                 await _run("job", state["reconciler"].reconcile(namespace, run, apply_children=False))
             except kopf.TemporaryError as exc:  # event handlers are not retried: the resync loop catches up
                 log.warning("job event reconcile failed: %s", exc, extra={"run": run, "namespace": namespace})
+
+    for api_version, kind in children.INDEXED_KINDS:
+        group, _, version = api_version.rpartition("/")
+        resource = (group, version, PLURALS[(api_version, kind)]) if group else (version, PLURALS[(api_version, kind)])
+        # kopf fills every index from its first LIST before any other handler runs.
+        kopf.index(*resource, id=children.index_id(api_version, kind), labels=MANAGED_BY,
+                   registry=registry)(children.index_entry)
+        kopf.on.event(*resource, id=f"{children.index_id(api_version, kind)}_deleted",
+                      labels={RUN_LABEL: kopf.PRESENT}, registry=registry)(child_event)
 
     if config.webhook:
         # ignore_failures: failurePolicy Ignore — the reconciler validates again, so an operator that is

@@ -26,6 +26,7 @@ from wmrl.api.runconfig import CALIBRATION_PORT
 from wmrl.api.schema import API_VERSION, KIND, Phase, WMRLRunSpec, field_errors, parse_spec
 from wmrl_operator import builders, status as st
 from wmrl_operator.autoscaler import Recommendations, demand_of
+from wmrl_operator.children import Children
 from wmrl_operator.events import EventRecorder
 from wmrl_operator.kube import ApiError, Kube
 
@@ -34,6 +35,9 @@ log = logging.getLogger("wmrl.operator")
 CalibrationFetch = Callable[[str], Awaitable[Optional[dict[str, Any]]]]
 COALESCED = Counter("wmrl_operator_reconciles_coalesced_total",
                     "Reconcile requests covered by one already waiting for the same run")
+CHILD_WRITES = Counter("wmrl_operator_child_writes_total",
+                       "Children applied, or skipped because the live object already is the wanted one",
+                       ["kind", "result"])
 
 
 @dataclass
@@ -53,8 +57,9 @@ class Settings:
 
 class Reconciler:
     def __init__(self, kube: Kube, settings: Settings = Settings(),
-                 fetch_calibration: Optional[CalibrationFetch] = None):
+                 fetch_calibration: Optional[CalibrationFetch] = None, children: Optional[Children] = None):
         self.kube = kube
+        self.children = children or Children()  # with no kopf indexes attached, every child is written
         self.settings = settings
         self.events = EventRecorder(kube)
         self.fetch_calibration = fetch_calibration
@@ -163,6 +168,7 @@ class Reconciler:
         self.recommendations.forget((namespace, name))
         self.locks.pop((namespace, name), None)
         self._reconciled_at.pop((namespace, name), None)
+        self.children.forget(namespace, name)
 
     # ------------------------------------------------------------ core
 
@@ -312,7 +318,7 @@ class Reconciler:
         if calibration and builders.calibration_shared(spec):
             # A shared calibration's state ConfigMap owns the rest of it: it comes first, for its uid.
             state = next(o for o in builders.calibration_objects(run, spec) if o["kind"] == "ConfigMap")
-            state_uid = (await self.kube.apply(state))["metadata"]["uid"]
+            state_uid = (await self._apply_if_changed(state))["metadata"]["uid"]
         reads = [self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))]
         if calibration:
             reads.append(self._ensure_calibration_token(run, spec, state_uid))  # before the Pods that read it
@@ -334,15 +340,28 @@ class Reconciler:
         applied = {("ConfigMap", builders.calibration_state_name(run, spec))} if state_uid else set()
         others = [o for o in objs if o["kind"] != "Job" and (o["kind"], o["metadata"]["name"]) not in applied]
         # Independent objects in parallel; the Job last, once its SA, config and Services exist.
-        await asyncio.gather(*(self.kube.apply(o) for o in others))
+        await asyncio.gather(*(self._apply_if_changed(o) for o in others))
         if may_prune:
             await self._prune(run, objs)
         if not job_exists:
             try:
-                await self.kube.apply(job[0])
+                await self.kube.apply(builders.stamped(job[0]))
             except ApiError as exc:
                 if exc.status != 409:  # the old incarnation still terminating: the next event retries
                     raise
+
+    async def _apply_if_changed(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Apply ``obj`` unless the live child already is it (``children.Children``): the object's
+        metadata (at least its uid) either way."""
+        obj = builders.stamped(obj)
+        live = self.children.unchanged(obj)
+        if live is not None:
+            CHILD_WRITES.labels(obj["kind"], "skipped").inc()
+            return {"metadata": {**obj["metadata"], "uid": live.uid}}
+        response = await self.kube.apply(obj)
+        self.children.written(obj, response)
+        CHILD_WRITES.labels(obj["kind"], "applied").inc()
+        return response
 
     async def _ensure_calibration_token(self, run: builders.Run, spec: WMRLRunSpec,
                                         state_uid: Optional[str] = None) -> None:

@@ -1,0 +1,93 @@
+"""The applied-hash stamp and the decision to skip a write (``children.Children``), without a cluster.
+
+The indexes here are plain mappings of (namespace, name) -> [Seen], the shape kopf's Index has
+(a key maps to a store of the values the indexing function returned); the real kopf indexes are
+exercised by tests/operator/test_children_cache_cluster.py.
+"""
+
+import copy
+
+from hypothesis import given, settings, strategies as st
+
+from wmrl.api.schema import parse_spec
+from wmrl_operator import builders as b
+from wmrl_operator.children import INDEXED_KINDS, Children, Seen, index_entry, index_id
+
+RUN = b.Run("demo", "ns1", "uid-1")
+SPEC = parse_spec({"policy": {"model": "Qwen/Qwen3-4B"}, "tasks": {"builtin": "mini-ml"}})
+
+
+def sandbox():
+    return b.stamped(b.sandbox_deployment(RUN, SPEC))
+
+
+def children_with(obj, version="3", applied_hash=None, uid="u-1"):
+    stamp = b.stamped(obj)["metadata"]["annotations"][b.APPLIED_HASH] if applied_hash is None else applied_hash
+    known = Children()
+    index = {(obj["metadata"]["namespace"], obj["metadata"]["name"]): [Seen(stamp, version, uid)]}
+    known.attach({index_id("apps/v1", "Deployment"): index})
+    return known, index
+
+
+def test_every_child_kind_but_the_job_and_secret_is_indexed():
+    kinds = {(o["apiVersion"], o["kind"]) for o in b.children(RUN, SPEC)}
+    assert kinds - set(INDEXED_KINDS) == {("batch/v1", "Job")}
+
+
+def test_the_stamp_ignores_key_order_and_an_earlier_stamp():
+    obj = b.sandbox_deployment(RUN, SPEC)
+    reordered = dict(reversed(list(copy.deepcopy(obj).items())))
+    assert b.stamped(obj) == b.stamped(reordered) == b.stamped(b.stamped(obj))
+
+
+@settings(max_examples=60, deadline=None)
+@given(path=st.sampled_from([("spec", "replicas"), ("metadata", "labels", "extra"),
+                             ("spec", "template", "metadata", "labels", "x"), ("metadata", "annotations", "note")]),
+       value=st.one_of(st.integers(0, 50), st.text(min_size=1, max_size=8)))
+def test_any_change_changes_the_stamp(path, value):
+    obj = b.sandbox_deployment(RUN, SPEC)
+    changed = copy.deepcopy(obj)
+    node = changed
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    if node.get(path[-1]) == value:
+        return
+    node[path[-1]] = value
+    stamp = lambda o: b.stamped(o)["metadata"]["annotations"][b.APPLIED_HASH]
+    assert stamp(changed) != stamp(obj)
+
+
+def test_a_child_is_skipped_only_when_its_live_stamp_is_the_wanted_one():
+    obj = sandbox()
+    known, _ = children_with(obj)
+    assert known.unchanged(obj) == Seen(obj["metadata"]["annotations"][b.APPLIED_HASH], "3", "u-1")
+    other = b.stamped(b.sandbox_deployment(RUN, SPEC, b.Options(sandbox_replicas=7)))
+    assert known.unchanged(other) is None  # the spec wants something else: write it
+
+
+def test_unknown_absent_or_unstamped_children_are_written():
+    obj = sandbox()
+    assert Children().unchanged(obj) is None  # no index attached (the Reconciler without kopf)
+    known, index = children_with(obj, applied_hash=None)
+    index.clear()
+    assert known.unchanged(obj) is None  # deleted
+    known, _ = children_with(obj)
+    assert known.unchanged(b.sandbox_deployment(RUN, SPEC)) is None  # a manifest without a stamp
+
+
+def test_a_child_changed_by_someone_else_after_our_write_is_written_again():
+    obj = sandbox()
+    known, index = children_with(obj, version="3")
+    known.written(obj, {"metadata": {"generation": 3, "uid": "u-1"}})
+    assert known.unchanged(obj) is not None
+    key = (RUN.namespace, obj["metadata"]["name"])
+    index[key] = [Seen(obj["metadata"]["annotations"][b.APPLIED_HASH], "4", "u-1")]  # edited by hand
+    assert known.unchanged(obj) is None
+    known.forget(RUN.namespace, RUN.name)  # the run is gone: what we wrote is forgotten
+    assert known.unchanged(obj) is not None
+
+
+def test_the_index_entry_takes_generation_before_resource_version():
+    meta = {"annotations": {b.APPLIED_HASH: "h"}, "generation": 2, "resourceVersion": "99", "uid": "u"}
+    assert index_entry("ns", "n", meta) == {("ns", "n"): Seen("h", "2", "u")}
+    assert index_entry("ns", "n", {"resourceVersion": "99"}) == {("ns", "n"): Seen(None, "99", "")}
