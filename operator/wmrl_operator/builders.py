@@ -124,6 +124,14 @@ class Options:
     job_deadline_seconds: Optional[int] = None  # remaining run deadline for the trainer Job
     operator_image: str = DEFAULT_OPERATOR_IMAGE
     admission: tuple[tuple[str, str], ...] = ()  # the run's Kueue labels (admission_labels)
+    # Kueue has not admitted the trainer yet: the pools and model servers wait at zero replicas
+    # (a queued run holds no sandbox Pods and no vLLM GPUs).
+    awaiting_admission: bool = False
+
+    @property
+    def idle(self) -> bool:
+        """Serving Deployments at zero replicas: suspended, finished or waiting for admission."""
+        return self.suspended or self.finished or self.awaiting_admission
     calibration_state_uid: Optional[str] = None  # a shared calibration's state ConfigMap: owns the rest of it
 
 
@@ -499,7 +507,7 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         # the runtime's default seccomp profile forbids; the executions themselves run under the
         # server's own filter, which refuses what they could misuse (docs/sandbox.md).
         container_sec = {**container_sec, "seccompProfile": {"type": "Unconfined"}}
-    if opts.suspended or opts.finished:
+    if opts.idle:
         replicas = 0
     elif opts.sandbox_replicas is None:
         replicas = s.min_replicas
@@ -595,7 +603,7 @@ def world_model_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options(
     res = _resources(wm.resources, wm.gpus_per_replica)
     if res:
         container["resources"] = res
-    replicas = 0 if (opts.suspended or opts.finished) else wm.replicas
+    replicas = 0 if opts.idle else wm.replicas
     pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "securityContext": pod_sec,
                                 "containers": [container], "volumes": [shm_volume]}
     return _deployment(run, world_model_name(run), "world-model", replicas, pod_spec)
@@ -627,7 +635,7 @@ def rollout_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
     pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "securityContext": pod_sec,
                                 "containers": [container], "volumes": [shm_volume] + [v for v, _ in scratch]}
     _place_on_trainer_nodes(pod_spec, t)
-    replicas = 0 if (opts.suspended or opts.finished) else 1
+    replicas = 0 if opts.idle else 1
     return _deployment(run, rollout_name(run), "rollout", replicas, pod_spec)
 
 

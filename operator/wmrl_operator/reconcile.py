@@ -250,10 +250,14 @@ class Reconciler:
         # A queued run starts when Kueue admits its Job: its deadline counts from then.
         if start_time is None and not spec.suspend and (not queue or js.state in ("pending", "running")):
             start_time = now_s
-        if apply_children or js.state == "absent":
+        awaiting_admission = bool(queue) and not spec.suspend and js.state in ("absent", "suspended")
+        # A queued run's pools wait at zero until admission, which only a Job event reports: such a
+        # run re-applies its children on every event (only the ones that change are written).
+        if apply_children or js.state == "absent" or queue:
             await self._apply_children(run, spec, start_time, now, job_exists=job is not None,
-                                       skip_calibration=bool(conflicts), may_prune=generation != 1,
-                                       admission=admission)
+                                       skip_calibration=bool(conflicts),
+                                       may_prune=apply_children and generation != 1,
+                                       admission=admission, awaiting_admission=awaiting_admission)
         if job is not None and queue:
             # Kueue owns Job.spec.suspend: suspending a queued run deactivates its Workload instead.
             if spec.suspend or status.get("phase") == Phase.SUSPENDED.value:
@@ -310,7 +314,8 @@ class Reconciler:
 
     async def _apply_children(self, run: builders.Run, spec: WMRLRunSpec, start_time: Optional[str],
                               now: dt.datetime, job_exists: bool, skip_calibration: bool = False,
-                              may_prune: bool = True, admission: tuple[tuple[str, str], ...] = ()) -> None:
+                              may_prune: bool = True, admission: tuple[tuple[str, str], ...] = (),
+                              awaiting_admission: bool = False) -> None:
         """Apply every child; ``may_prune``: delete the ones the spec no longer wants (only a changed
         spec can make one unwanted, so a run at generation 1 skips the two LISTs)."""
         calibration = builders.needs_calibration(spec) and not skip_calibration
@@ -331,6 +336,7 @@ class Reconciler:
             job_deadline_seconds=st.remaining_deadline(start_time, spec.active_deadline_seconds, now),
             operator_image=self.settings.operator_image,
             admission=admission,
+            awaiting_admission=awaiting_admission,
         )
         objs = builders.children(run, spec, opts)
         if skip_calibration:
@@ -440,7 +446,8 @@ class Reconciler:
         s = spec.sandbox
         desired = self.recommendations.decide((run.namespace, run.name), demand_of(status), s.slots_per_pod,
                                               s.min_replicas, s.max_replicas, current, time.time(),
-                                              s.scale_down_stabilization_seconds, suspended=spec.suspend)
+                                              s.scale_down_stabilization_seconds,
+                                              suspended=spec.suspend or st.is_queued(status))
         dstatus = dep.get("status") or {}
         old = status.get("sandbox") or {}
         new = {"replicas": int(dstatus.get("replicas") or 0), "readyReplicas": int(dstatus.get("readyReplicas") or 0),

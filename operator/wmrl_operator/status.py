@@ -142,6 +142,11 @@ def changed(old: dict[str, Any], patch: dict[str, Any]) -> bool:
     return any(old.get(k) != v for k, v in patch.items())
 
 
+def is_queued(status: dict[str, Any]) -> bool:
+    """Waiting for Kueue to admit the trainer (``phase_from_job``'s reason ``Queued``)."""
+    return (get_condition(status, "Running") or {}).get("reason") == QUEUED
+
+
 def phase_from_job(js: JobState, suspended: bool, queue: Optional[str] = None) -> tuple[str, str, str]:
     """(phase, reason, message) for a non-failed, non-terminal trainer Job; ``queue``: the Kueue
     LocalQueue that admits it (its Job stays suspended until then)."""

@@ -572,3 +572,15 @@ def test_a_queued_run_hands_its_job_to_kueue_suspended_and_labelled():
     assert b.trainer_job(RUN, spec(), b.Options(admission=(("kueue.x-k8s.io/priority-class", "high"),)))[
         "spec"]["suspend"] is False  # a priority class alone queues nothing
 
+
+def test_a_run_awaiting_admission_holds_no_pool_and_no_model_server():
+    sp = spec(sandbox={"minReplicas": 2}, policy={"model": "Qwen/Qwen3-4B", "rolloutEngine": "vllm",
+                                                   "vllmMode": "server"})
+    queued = b.Options(admission=(("kueue.x-k8s.io/queue-name", "team-a"),), awaiting_admission=True)
+    replicas = {o["metadata"]["labels"][b.COMPONENT_LABEL]: o["spec"]["replicas"]
+                for o in b.children(RUN, sp, queued) if o["kind"] == "Deployment"}
+    # The calibration service keeps running: it holds the (possibly shared) bias estimates, on a CPU.
+    assert replicas == {"sandbox": 0, "world-model": 0, "rollout": 0, "calibration": 1}
+    admitted = b.Options(admission=queued.admission, sandbox_replicas=0)
+    assert b.sandbox_deployment(RUN, sp, admitted)["spec"]["replicas"] == 2  # back to minReplicas
+

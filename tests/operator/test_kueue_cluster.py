@@ -57,6 +57,10 @@ def _suspended(kube, run):
     return None if job is None else bool(job["spec"].get("suspend"))
 
 
+def _sandbox_replicas(kube, run):
+    return kube.get("deployment", f"{run}-sandbox")["spec"]["replicas"]
+
+
 def _reason(kube, run):
     for cond in kube.status(run).get("conditions") or []:
         if cond["type"] == "Running":
@@ -91,7 +95,9 @@ def test_a_second_run_waits_for_the_quota_and_starts_when_the_first_finishes(kub
     wait_for(lambda: kube.status("q-second").get("observedGeneration") == 1, what="reconciled")
     for _ in range(3):
         assert _suspended(kube, "q-second") is True
+        assert _sandbox_replicas(kube, "q-second") == 0  # a queued run holds no sandbox Pods
         time.sleep(1)  # the operator's resync interval in these tests
+    assert _sandbox_replicas(kube, "q-first") == 1  # the admitted one has its pool (minReplicas)
 
     # The first run finishes: Kueue releases its quota and admits the second.
     wait_for(lambda: kube.finish_pods("q-first", "Succeeded") or kube.status("q-first").get("phase") == "Succeeded",
@@ -100,6 +106,7 @@ def test_a_second_run_waits_for_the_quota_and_starts_when_the_first_finishes(kub
     wait_for(lambda: _suspended(kube, "q-second") is False, timeout=60, what="the second run admitted")
     wait_for(lambda: _reason(kube, "q-second") != "Queued", what="the second run no longer queued")
     assert kube.status("q-second").get("startTime")
+    wait_for(lambda: _sandbox_replicas(kube, "q-second") == 1, what="the second run's pool, once admitted")
     assert kube.get("job", "q-second-trainer")["spec"]["activeDeadlineSeconds"] <= 3600
 
 
