@@ -61,6 +61,28 @@ WATCHED = {  # kind -> (typed API class, list method)
 }
 
 
+def plot_burst(created_s: list[float], done_s: list[float], path: str, goal_s: Optional[float] = None) -> None:
+    """Runs created and runs with all their children, against seconds since the burst's first create."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for values, label in ((created_s, "created"), (done_s, "all children present")):
+        ordered = sorted(values)
+        ax.step(ordered, range(1, len(ordered) + 1), where="post", label=label)
+    if goal_s is not None:
+        ax.axvline(goal_s, color="grey", linestyle="--", label=f"goal: all within {goal_s:g} s")
+    ax.set_xlabel("seconds since the first create")
+    ax.set_ylabel("WMRLRuns")
+    ax.set_title(f"burst of {len(created_s)} WMRLRuns")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the result JSON to PATH")
     parser.add_argument("--runs", type=int, default=100, help="runs created back to back (the burst)")
@@ -68,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="runs created one at a time before the burst (0 to skip)")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark namespace")
+    parser.add_argument("--plot", metavar="PATH", help="also plot runs created and runs complete against time (PNG)")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=None, metavar="N",
                         help="passed to the operator (default: the operator's)")
 
@@ -265,6 +288,10 @@ def main(args: argparse.Namespace) -> int:
                     "operator_peak_rss_mb": result["operator_peak_rss_mb"]}
         result["goals_met"] = {k: measured[k] is not None and measured[k] < goal
                                for k, goal in result["goals"].items()}
+        if args.plot and created:
+            start = min(created.values())
+            plot_burst([t - start for t in created.values()], [t - start for t in done.values()], args.plot,
+                       result["goals"].get("total_s"))
     finally:
         op.terminate()
         try:

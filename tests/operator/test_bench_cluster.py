@@ -14,7 +14,8 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
     out = tmp_path / "operator.json"
     env = {**os.environ, "KUBECONFIG": str(crd_installed.kubeconfig)}
     res = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "operator", "--runs", "3", "--steady", "2",
-                          "--timeout", "120", "--max-concurrent-reconciles", "4", "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+                          "--timeout", "120", "--max-concurrent-reconciles", "4", "--json", str(out),
+                          "--plot", str(tmp_path / "burst.png")], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
     assert result == json.loads(res.stdout[res.stdout.index("{"):])  # the same JSON on stdout
@@ -30,6 +31,7 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
     curve = result["completion_curve"]
     assert [c["completed"] for c in curve] == [1, 2, 3]
     assert [c["s"] for c in curve] == sorted(c["s"] for c in curve) and curve[-1]["s"] == result["total_s"]
+    assert (tmp_path / "burst.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_completion_curve_and_the_goals_by_burst_size():
