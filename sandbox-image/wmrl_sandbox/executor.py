@@ -865,16 +865,24 @@ def _filter_pipe() -> int:
     return read
 
 
+def _namespace_layout(workdir: Path, work_root: str, needed: list[str]) -> dict[str, Any]:
+    """What a deployed-mode execution's mount namespace hides (the server's home) and shows again
+    read-only: each of ``needed`` (the interpreter, its libraries) that a mask would hide."""
+    home = os.path.expanduser("~")
+    hidden = [home] if home not in ("/", "") and os.path.isdir(home) and not str(workdir).startswith(home + "/") else []
+    under = lambda path, d: path == d or path.startswith(d.rstrip("/") + "/")  # noqa: E731
+    visible = [path for path in dict.fromkeys(needed)
+               if _masked(path) or under(path, work_root) or any(under(path, d) for d in hidden)]
+    return {"work_root": work_root, "hidden": hidden, "visible": visible}
+
+
 def _bwrap_prefix(bwrap: str, workdir: Path, work_root: str, python: str, limits: Limits, filter_fd: int,
                   info_fd: int) -> list[str]:
     from wmrl_sandbox.namespaces import bwrap_command
 
-    home = os.path.expanduser("~")
-    hidden = [home] if home not in ("/", "") and os.path.isdir(home) and not str(workdir).startswith(home + "/") else []
-    root = interpreter_root(python)
-    masked = _masked(root) or root == work_root or root.startswith(work_root.rstrip("/") + "/") or root in hidden
+    layout = _namespace_layout(workdir, work_root, [interpreter_root(python)])
     return bwrap_command(bwrap, workdir=str(workdir), work_root=work_root, seccomp_fd=filter_fd, info_fd=info_fd,
-                         visible=[root] if masked else [], hidden=hidden, tmpfs_bytes=limits.tmpfs_mb << 20)
+                         visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=limits.tmpfs_mb << 20)
 
 
 def _namespace_init(info_fd: int, timeout: float = 10.0) -> Optional[int]:
@@ -931,8 +939,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
     """
     run_timeout = min(max(float(request.run_timeout), 0.01), limits.max_run_timeout)
     memory_mb = memory_limit_mb(request.memory_limit_mb, limits)
-    if uid is None:
-        warm = None  # warm starts are root mode's (wmrl_sandbox.warm)
+    if uid is None and not isolation.bwrap:
+        warm = None  # no isolation to build in the child: cold (wmrl_sandbox.warm)
     marker = secrets.token_hex(8)
     exec_dir = Path(tempfile.mkdtemp(prefix="x-", dir=work_root))
     workdir = exec_dir / WORK_SUBDIR
@@ -950,19 +958,26 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
             # -E -s instead of -I: -I also implies -P, which keeps the program's directory off sys.path.
             command = [python, "-E", "-s", "-B", str(workdir / SCRIPT_NAME)]
             if uid is None and isolation.bwrap:
-                filter_read = _filter_pipe()
                 info_read, info_write = os.pipe()  # closed in the outer finally, whatever fails
-                command = _bwrap_prefix(isolation.bwrap, workdir, work_root, python, limits, filter_read,
-                                        info_write) + command
+                if warm is None:  # a warm child makes the namespaces itself and loads the filter
+                    filter_read = _filter_pipe()
+                    command = _bwrap_prefix(isolation.bwrap, workdir, work_root, python, limits, filter_read,
+                                            info_write) + command
             start = time.monotonic()
             if warm is not None:
                 from wmrl_sandbox.warm import job_message
 
+                layout = None
+                if info_write is not None:  # deployed mode: the child makes bwrap's namespaces itself
+                    layout = {**_namespace_layout(workdir, work_root, [interpreter_root(python),
+                                                                       *warm.info["libraries"]]),
+                              "tmpfs_bytes": limits.tmpfs_mb << 20}
                 job = job_message(warm, script=str(workdir / SCRIPT_NAME), workdir=str(workdir), exec_dir=str(exec_dir),
                                   env=_child_env(str(workdir), marker), uid=uid, isolation=isolation, limits=limits,
-                                  memory_mb=memory_mb, run_timeout=run_timeout, python=python)
+                                  memory_mb=memory_mb, run_timeout=run_timeout, python=python, namespaces=layout)
+                extra_fd = info_write if info_write is not None else ns_child.fileno() if ns_child is not None else None
                 try:
-                    proc = warm.spawn(job, ns_child.fileno() if ns_child is not None else None)
+                    proc = warm.spawn(job, extra_fd)
                 except BaseException:
                     kill_everything(None, uid, marker)  # a child may have been forked before it failed
                     raise

@@ -16,12 +16,20 @@ Each execution gets:
   filter of :mod:`wmrl_sandbox.seccomp`.
 
 Resource limits (rlimits) are set by the server before bwrap starts and are inherited.
+
+Warm starts (:mod:`wmrl_sandbox.warm`) cannot use bwrap, which only starts a new program: a
+fork server's child builds the same namespaces itself with :func:`enter`, then limits, clears
+its capabilities and loads the same seccomp filter before the program runs.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
+import select
 import shutil
+import signal
 from typing import Iterable, Optional
 
 INSIDE_UID = 1000
@@ -56,3 +64,119 @@ def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, 
     args += ["--bind", workdir, workdir, "--chdir", workdir, "--seccomp", str(seccomp_fd), "--info-fd", str(info_fd),
              "--"]
     return args
+
+
+# --------------------------------------------------------------------------- warm starts: the same, in-process
+
+_CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
+_CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_ST_TO_MS = ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC))
+_AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
+_MOUNT_ATTR_RDONLY = 0x1
+_SYS_MOUNT_SETATTR = 442  # the same number on every architecture (one table for syscalls added since 5.1)
+_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 47, 4
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, data: Optional[str] = None) -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount({target})")
+
+
+def _locked_flags(path: str) -> int:
+    """nosuid/nodev/noexec of the mount at ``path``: a remount in a user namespace must keep them."""
+    flags = os.statvfs(path).f_flag
+    return sum(ms for st, ms in _ST_TO_MS if flags & st)
+
+
+def _bind(fd: int, path: str, read_only: bool) -> None:
+    """Bind the directory open as ``fd`` (taken before anything was hidden) at ``path``."""
+    os.makedirs(path, exist_ok=True)
+    _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+    _mount(None, path, None, _MS_REMOUNT | _MS_BIND | (_MS_RDONLY if read_only else 0) | _locked_flags(path))
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def _drop_capabilities() -> None:
+    """In its own user namespace the process holds every capability there: drop them all, for good."""
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    for cap in range(last + 1):
+        _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {cap})")
+    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
+
+
+def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] = (), hidden: Iterable[str] = (),
+          tmpfs_bytes: int = 256 << 20) -> None:  # pragma: no cover - runs in a fork server's child
+    """Make, in this process, what :func:`bwrap_command` makes for a cold execution.
+
+    Returns in the execution's first process: PID 1 of new user, PID, network, mount, IPC, UTS
+    and cgroup namespaces, as uid :data:`INSIDE_UID`, with the filesystem read-only, fresh tmpfs
+    over /tmp, /var/tmp and /dev/shm, the work root and ``hidden`` masked, ``workdir`` bound back
+    read-write and ``visible`` read-only, its own /proc, a new session, and dying with its
+    parent. The calling process never returns: it writes ``{"child-pid": N}`` to ``info_fd``
+    (bwrap's protocol, so the server ends the namespace as it does bwrap's), waits for the first
+    process and exits as it did. Capabilities are dropped from the bounding set here; the caller
+    clears the remaining sets (after its own setup) and loads the seccomp filter.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(ctypes.c_int(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
+                                      | _CLONE_NEWPID | _CLONE_NEWCGROUP)), "unshare")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{INSIDE_UID} {uid} 1")
+    _write("/proc/self/gid_map", f"{INSIDE_UID} {gid} 1")
+    parent_alive, parent_holds = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(parent_alive)
+        for descriptor in (0, 1, 2):  # the execution's pipes: only its own processes hold them
+            os.close(descriptor)
+        os.write(info_fd, json.dumps({"child-pid": pid}).encode())
+        os.close(info_fd)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+            os.kill(os.getpid(), os.WTERMSIG(status))
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    os.close(parent_holds)
+    os.close(info_fd)
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if select.select([parent_alive], [], [], 0)[0]:  # end of file: the parent died before PDEATHSIG was set
+        os._exit(137)
+    os.close(parent_alive)
+    os.setsid()
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    # Opened in this mount namespace (a bind's source must be in it), before anything is hidden.
+    keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), True) for path in dict.fromkeys(visible)]
+    keep.append((workdir, os.open(workdir, os.O_PATH | os.O_DIRECTORY), False))
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
+    _check(_libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr),
+                         ctypes.sizeof(attr)), "mount_setattr(/, read-only)")
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    for directory in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(directory):
+            _mount("tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmpfs_bytes},mode=1777")
+    for directory in (*hidden, work_root):
+        if os.path.isdir(directory):
+            _mount("tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    for path, fd, read_only in keep:
+        _bind(fd, path, read_only)
+        os.close(fd)
+    _libc.sethostname(b"sandbox", 7)
+    _drop_capabilities()

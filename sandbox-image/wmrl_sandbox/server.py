@@ -240,9 +240,11 @@ class SandboxServer:
         if self.isolation.as_root:
             executor.check_searchable(self.work_root)
         self.uid_pool = executor.UidPool(slots, base=uid_base) if self.isolation.as_root else None
-        self._free_uids = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
+        # Each slot: its own uid in root mode (None otherwise) and its own fork server.
+        self._slot_uids: list[Optional[int]] = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
+        self._free_slots = list(range(slots))
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="sandbox-exec")
-        self.warm = warm.WarmSlots(self._free_uids, python, self.isolation.as_root, enabled=warm_start)
+        self.warm = warm.WarmSlots(slots, python, self.isolation, enabled=warm_start)
         self.metrics = Metrics(slots, max_queue)
         self.metrics.busy.set_function(lambda: self.queue.busy)  # read at each scrape
         self.metrics.queued.set_function(lambda: self.queue.queued)
@@ -296,14 +298,14 @@ class SandboxServer:
                    "queue_timeout": f"no execution slot became free within {self.queue.max_wait:g}s"}.get(
                        refused, "the client went away while waiting")
             return web.json_response({"error": why + "; retry later"}, status=503, headers={"Retry-After": "1"})
-        uid = self._free_uids.pop()
+        slot = self._free_slots.pop()
         try:
-            return await self._run_in_slot(request, uid)
+            return await self._run_in_slot(request, slot)
         finally:
-            self._free_uids.append(uid)
+            self._free_slots.append(slot)
             self.queue.release()
 
-    async def _run_in_slot(self, request: web.Request, uid: Optional[int]) -> web.Response:
+    async def _run_in_slot(self, request: web.Request, slot: int) -> web.Response:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -324,7 +326,7 @@ class SandboxServer:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            result = await loop.run_in_executor(self.pool, self._execute, job, uid)
+            result = await loop.run_in_executor(self.pool, self._execute, job, slot)
         except RequestError as exc:  # raised only before anything ran
             self.metrics.rejected.labels("invalid").inc()
             return _invalid([{"type": "value_error", "loc": ["body"], "msg": str(exc)}])
@@ -357,7 +359,7 @@ class SandboxServer:
         retry its executions for ever instead of being told why.
         """
         marker = "wmrl-sandbox-self-check-ok"
-        result = self._execute(ExecutionRequest(code=f"print({marker!r})", run_timeout=30.0), self._free_uids[0])
+        result = self._execute(ExecutionRequest(code=f"print({marker!r})", run_timeout=30.0), self._free_slots[0])
         if result.status != "Finished" or result.return_code != 0 or marker not in result.stdout:
             detail = (result.stderr or result.stdout).strip()[-2000:]
             raise RuntimeError(f"self-check failed: running print() with {self.python} gave status {result.status}, "
@@ -367,15 +369,15 @@ class SandboxServer:
         """Check every isolation layer from inside an execution (:mod:`wmrl_sandbox.selftest`)."""
         def probe(code: str, argv: list[str]) -> tuple[str, str]:
             program = f"import sys\nsys.argv[1:] = {argv!r}\n{code}"
-            result = self._execute(ExecutionRequest(code=program, run_timeout=30.0), self._free_uids[0])
+            result = self._execute(ExecutionRequest(code=program, run_timeout=30.0), self._free_slots[0])
             return result.stdout, result.stderr
 
         self.layers = selftest.run(probe, self.work_root)
         return self.layers
 
-    def _execute(self, job: ExecutionRequest, uid: Optional[int]) -> ExecutionResult:
-        return executor.execute(job, work_root=self.work_root, uid=uid, isolation=self.isolation,
-                                limits=self.limits, python=self.python, warm=self.warm.for_slot(uid))
+    def _execute(self, job: ExecutionRequest, slot: int) -> ExecutionResult:
+        return executor.execute(job, work_root=self.work_root, uid=self._slot_uids[slot], isolation=self.isolation,
+                                limits=self.limits, python=self.python, warm=self.warm.for_slot(slot))
 
 
 def _env(name: str, cast, default):

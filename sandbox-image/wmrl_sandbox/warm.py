@@ -22,9 +22,12 @@ with everything it started (its uid's processes) when it ends, and the zygote it
 runs user code. The zygote reports each child's pid (with a pidfd, so a reused pid can never
 be mistaken for it) and, once it has reaped it, its wait status.
 
-Warm starts need root mode (a uid of its own per slot, namespaces made by the child itself).
-In the deployed non-root mode an execution's namespaces are made by bubblewrap, which only
-runs a new program, so executions there start cold; :attr:`WarmSlots.reason` says why.
+In root mode the child applies root mode's isolation (a uid of its own per slot, namespaces
+made as root). In the deployed non-root mode, where a cold execution's namespaces come from
+bubblewrap (which only runs a new program), the child makes the same namespaces itself
+(:func:`wmrl_sandbox.namespaces.enter`: a user namespace of its own and the rest inside it) and
+reports the namespace's first process as bubblewrap does, so the server ends it the same way.
+Where neither holds (no isolation at all), executions start cold; :attr:`WarmSlots.reason` says why.
 """
 
 from __future__ import annotations
@@ -148,17 +151,36 @@ def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma
 
         isolation = executor.Isolation(**job["isolation"])
         limits = executor.Limits(**job["limits"])
-        ns_sock = socket.socket(fileno=ns_fd) if ns_fd is not None else None
-        executor._make_preexec(job["exec_dir"], job["uid"], isolation, limits, job["memory_mb"], job["run_timeout"],
-                               job["python"], ns_sock=ns_sock, warm=True, reveal=tuple(job["reveal"]))()
-        if ns_sock is not None:
-            ns_sock.close()
-        os.chdir(job["workdir"])  # as the slot's uid, in its own mount namespace
+        if job.get("namespaces") is not None:  # deployed mode: fds[3] is the info pipe, as bwrap's
+            _enter_namespaces(job, isolation, limits, info_fd=ns_fd)
+        else:
+            ns_sock = socket.socket(fileno=ns_fd) if ns_fd is not None else None
+            executor._make_preexec(job["exec_dir"], job["uid"], isolation, limits, job["memory_mb"],
+                                   job["run_timeout"], job["python"], ns_sock=ns_sock, warm=True,
+                                   reveal=tuple(job["reveal"]))()
+            if ns_sock is not None:
+                ns_sock.close()
+        os.chdir(job["workdir"])  # as the execution's uid, in its own mount namespace
     except BaseException as exc:  # noqa: BLE001 - the sandbox failed before the program: say so, never run it
         with contextlib.suppress(BaseException):
             os.write(2, f"sandbox error: warm start: {type(exc).__name__}: {exc}\n".encode())
         os._exit(126)
     _run_program(job["script"])
+
+
+def _enter_namespaces(job: dict, isolation: Any, limits: Any, info_fd: int) -> None:  # pragma: no cover - in the child
+    """What a cold execution gets from bubblewrap, in this process: the limits first (as the server
+    sets them before bwrap starts), then the namespaces, then no capability and the seccomp filter."""
+    from wmrl_sandbox import executor, namespaces, seccomp
+
+    executor._make_preexec(job["exec_dir"], None, isolation, limits, job["memory_mb"], job["run_timeout"],
+                           job["python"])()
+    layout = job["namespaces"]
+    namespaces.enter(workdir=job["workdir"], work_root=layout["work_root"], info_fd=info_fd,
+                     visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=layout["tmpfs_bytes"])
+    executor._clear_capabilities()
+    if isolation.seccomp:
+        seccomp.install()
 
 
 def _run_program(script: str) -> None:  # pragma: no cover - in the child
@@ -364,19 +386,19 @@ class Zygote:
 
 
 class WarmSlots:
-    """The fork servers of a server's slots, one per slot uid (root mode only; see the module docstring)."""
+    """The fork servers of a server's slots, one per slot (root or namespaces mode; see the module docstring)."""
 
-    def __init__(self, uids: list[Optional[int]], python: str, as_root: bool, enabled: bool = True,
+    def __init__(self, slots: int, python: str, isolation: Any, enabled: bool = True,
                  modules: tuple[str, ...] = WARM_MODULES):
         self.reason: Optional[str] = None
         if not enabled:
             self.reason = "disabled (--no-warm)"
-        elif not as_root:
-            self.reason = ("warm starts need root mode; in namespaces mode bubblewrap makes each execution's "
-                           "namespaces by starting a new program, so executions start cold")
-        self.zygotes: dict[Optional[int], Zygote] = {}
+        elif isolation.mode not in ("root", "namespaces"):
+            self.reason = (f"isolation mode {isolation.mode!r}: warm starts need root mode or namespaces mode "
+                           "(user namespaces), so executions start cold")
+        self.zygotes: dict[int, Zygote] = {}
         if self.reason is None:
-            self.zygotes = {uid: Zygote(python, modules) for uid in uids}
+            self.zygotes = {slot: Zygote(python, modules) for slot in range(slots)}
             for zygote in self.zygotes.values():
                 zygote.start()
 
@@ -391,13 +413,13 @@ class WarmSlots:
             zygote.ready(max(0.0, end - time.monotonic()))
         return sum(z.ready() for z in self.zygotes.values())
 
-    def for_slot(self, uid: Optional[int]) -> Optional[Zygote]:
+    def for_slot(self, slot: int) -> Optional[Zygote]:
         """The slot's fork server if it can take this execution now, else None (the execution starts cold,
         while it is not ready).
 
         A fork server that died is restarted here; until it is ready again its slot runs cold.
         """
-        zygote = self.zygotes.get(uid)
+        zygote = self.zygotes.get(slot)
         if zygote is None or zygote.busy:
             return None
         if not zygote.ready():
@@ -414,7 +436,8 @@ class WarmSlots:
         info = ready[0].info if ready else {}
         return {"enabled": self.enabled, "reason": self.reason, "slots": len(self.zygotes), "ready": len(ready),
                 "modules": info.get("modules", []), "failed": info.get("failed", {}), "vm_mb": info.get("vm_mb"),
-                "preloaded_mb": info.get("preloaded_mb")}
+                "preloaded_mb": info.get("preloaded_mb"),
+                "pids": sorted(z._proc.pid for z in self.zygotes.values() if z._proc is not None and z.alive())}
 
     def close(self) -> None:
         for zygote in self.zygotes.values():
@@ -423,7 +446,7 @@ class WarmSlots:
 
 def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env: dict[str, str],
                 uid: Optional[int], isolation: Any, limits: Any, memory_mb: int, run_timeout: float,
-                python: str) -> dict:
+                python: str, namespaces: Optional[dict] = None) -> dict:
     """What a fork server needs to make one child into an execution (JSON).
 
     ``memory_mb`` is what the program may allocate: the child's address-space limit adds what the
@@ -434,10 +457,13 @@ def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env
     yet from them as the slot's uid; where one lies under a directory closed to other uids (an
     interpreter under /root), the child's mount namespace masks that directory and binds only
     these back (:func:`wmrl_sandbox.executor._reveal`).
+
+    ``namespaces`` (deployed mode): what :func:`wmrl_sandbox.namespaces.enter` hides and shows
+    (``work_root``, ``hidden``, ``visible``, ``tmpfs_bytes``), as bwrap would for a cold execution.
     """
     return {"script": script, "workdir": workdir, "exec_dir": exec_dir, "env": env, "uid": uid,
             "isolation": asdict(isolation), "limits": asdict(limits), "memory_mb": memory_mb + zygote.info["preloaded_mb"],
-            "run_timeout": run_timeout, "python": python, "reveal": zygote.info["libraries"]}
+            "run_timeout": run_timeout, "python": python, "reveal": zygote.info["libraries"], "namespaces": namespaces}
 
 
 __all__ = ["WARM_MODULES", "WarmChild", "WarmSlots", "Zygote", "job_message", "serve"]

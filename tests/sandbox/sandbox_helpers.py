@@ -50,15 +50,16 @@ def zombie_children_of(pid: int) -> list[int]:
 
 def execution_processes(server) -> list[int]:
     """Live processes that can only be an execution's: of the slot uids (root mode), or of the
-    server's own uid other than the server itself (deployed mode, where executions run as that uid
-    in their own namespaces)."""
+    server's own uid other than the server itself and its fork servers (deployed mode, where
+    executions run as that uid in their own namespaces)."""
     health = server.healthz()
     if health["isolation"]["uid_per_slot"]:
         return live_processes_of(set(health["uids"]))
+    servers = {server.pid, *health["warm"]["pids"]}
     # A PID namespace's first process can linger a moment as a zombie of the machine's init after
     # the kernel ended the namespace: dead, holding nothing of the execution.
     return [pid for pid in live_processes_of({os.stat(f"/proc/{server.pid}").st_uid})
-            if pid != server.pid and not _zombie(pid)]
+            if pid not in servers and not _zombie(pid)]
 
 
 def _zombie(pid: int) -> bool:
