@@ -11,6 +11,11 @@
   started with ``--no-warm``, interleaved: p50/p95 latency of each; then the same program's
   throughput through a dispatcher over ``--warm-servers`` servers of each kind.
 
+``--as-uid UID`` (from root) starts every server as that uid, as the image runs it: the
+deployed mode, each execution in namespaces of its own (bubblewrap cold, the fork server's
+child warm); ``--python`` names an interpreter that uid can run (with scikit-learn for the
+warm/cold program).
+
 The overhead figures are measured on cold servers (a new interpreter per execution, the path
 the bare interpreter is compared with). Figures are reported, not asserted (goals: p50
 overhead < 30 ms; throughput scales with servers up to the core count; warm p50 under 100 ms
@@ -26,6 +31,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from typing import Callable, Optional
 
 import httpx
 import numpy as np
@@ -40,16 +46,25 @@ FIT = ("from sklearn.datasets import load_iris\nfrom sklearn.linear_model import
 COLD = ("--no-warm",)
 
 
+def server_starter(user: Optional[int] = None, python: Optional[str] = None) -> Callable[..., LocalServer]:
+    """How this run starts each one-slot server: as ``user`` (None: this process's), executing with ``python``."""
+    def start(args: tuple[str, ...] = ()) -> LocalServer:
+        return LocalServer(slots=1, user=user, args=(*(("--python", python) if python else ()), *args))
+
+    return start
+
+
 def _percentiles(samples: list[float]) -> dict:
     arr = np.asarray(samples) * 1000.0
     return {"p50_ms": round(float(np.percentile(arr, 50)), 2), "p95_ms": round(float(np.percentile(arr, 95)), 2),
             "mean_ms": round(float(arr.mean()), 2), "n": len(samples)}
 
 
-def measure_overhead(iterations: int, python: str = sys.executable) -> dict:
+def measure_overhead(iterations: int, python: str = sys.executable,
+                     start: Callable[..., LocalServer] = server_starter()) -> dict:
     """Interleaved: bare ``python -c pass``, bare ``python -E -s -B -c pass`` (the sandbox's flags), served."""
     bare, bare_isolated, served, outside = [], [], [], []
-    with LocalServer(slots=1, args=COLD) as server, httpx.Client(timeout=60) as client:
+    with start(args=COLD) as server, httpx.Client(timeout=60) as client:
         body = {"code": "pass", "language": "python", "run_timeout": 10}
         for _ in range(3):  # warm both paths (page cache, connection)
             subprocess.run([python, "-c", "pass"], check=True)
@@ -83,10 +98,11 @@ def measure_overhead(iterations: int, python: str = sys.executable) -> dict:
     }
 
 
-def _batch(count: int, jobs: int, program: str, args: tuple[str, ...] = COLD) -> dict:
+def _batch(count: int, jobs: int, program: str, args: tuple[str, ...] = COLD,
+           start: Callable[..., LocalServer] = server_starter()) -> dict:
     """``jobs`` executions of ``program`` through a dispatcher over ``count`` one-slot servers."""
     with ExitStack() as stack:
-        servers = [stack.enter_context(LocalServer(slots=1, args=args)) for _ in range(count)]
+        servers = [stack.enter_context(start(args=args)) for _ in range(count)]
         with SandboxDispatcher(StaticEndpoints([s.url for s in servers]), timeout=120) as dispatcher:
             dispatcher.run(program).result()  # warm-up
             t0 = time.perf_counter()
@@ -97,21 +113,26 @@ def _batch(count: int, jobs: int, program: str, args: tuple[str, ...] = COLD) ->
             "executions_per_s": round(jobs / elapsed, 2), "failed": failed}
 
 
-def measure_throughput(server_counts: list[int], jobs: int) -> list[dict]:
-    rows = [_batch(count, jobs, WORK) for count in server_counts]
+def measure_throughput(server_counts: list[int], jobs: int,
+                       start: Callable[..., LocalServer] = server_starter()) -> list[dict]:
+    rows = [_batch(count, jobs, WORK, start=start) for count in server_counts]
     base = rows[0]["executions_per_s"]
     for row in rows:
         row["speedup"] = round(row["executions_per_s"] / base, 2)
     return rows
 
 
-def measure_warm_against_cold(iterations: int, jobs: int, servers: int) -> dict:
+def measure_warm_against_cold(iterations: int, jobs: int, servers: int,
+                              start: Callable[..., LocalServer] = server_starter()) -> dict:
     """Latency of :data:`FIT` on a warm and a cold server (interleaved), then throughput of each."""
     warm_s, cold_s, warm_inside, cold_inside = [], [], [], []
-    with LocalServer(slots=1) as warm, LocalServer(slots=1, args=COLD) as cold, httpx.Client(timeout=120) as client:
+    with start() as warm, start(args=COLD) as cold, httpx.Client(timeout=120) as client:
         state = warm.healthz()["warm"]
         if not state["ready"]:
             return {"skipped": f"no warm start on this server: {state['reason'] or 'its fork server is not ready'}"}
+        probe = client.post(f"{cold.url}/run_code", json={"code": "import sklearn", "language": "python"}).json()
+        if probe.get("status") != "Success":
+            return {"skipped": "the executions' interpreter cannot import scikit-learn (see --python)"}
         body = {"code": FIT, "language": "python", "run_timeout": 60}
         for _ in range(2):
             for server in (warm, cold):
@@ -125,7 +146,7 @@ def measure_warm_against_cold(iterations: int, jobs: int, servers: int) -> dict:
                     raise RuntimeError(f"benchmark execution failed: {resp.text[:500]}")
                 inside.append(resp.json()["run_result"]["execution_time"])
     w, c = _percentiles(warm_s), _percentiles(cold_s)
-    warm_rate, cold_rate = _batch(servers, jobs, FIT, ()), _batch(servers, jobs, FIT, COLD)
+    warm_rate, cold_rate = _batch(servers, jobs, FIT, (), start), _batch(servers, jobs, FIT, COLD, start)
     return {
         "program": "import scikit-learn, load iris, fit LogisticRegression",
         "warm": w, "cold": c, "warm_execution_time": _percentiles(warm_inside),
@@ -146,6 +167,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-jobs", type=int, default=40, help="executions per warm/cold throughput batch")
     parser.add_argument("--warm-servers", type=int, default=os.cpu_count() or 1,
                         help="servers (one slot each) in the warm/cold throughput batches (default: the core count)")
+    parser.add_argument("--as-uid", type=int, default=None, metavar="UID",
+                        help="start the servers as this uid (needs root): the deployed, non-root mode")
+    parser.add_argument("--python", default=None,
+                        help="interpreter for the executions and fork servers (default: this one); "
+                             "with --as-uid, one that uid can run")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -159,14 +185,19 @@ def main(args: argparse.Namespace) -> int:
         print("wmrl bench sandbox: --iterations, --jobs, --servers and the --warm-* counts must be positive",
               file=sys.stderr)
         return 2
+    if args.as_uid is not None and os.geteuid() != 0:
+        print("wmrl bench sandbox: --as-uid needs root (the servers are started through setpriv)", file=sys.stderr)
+        return 2
+    start = server_starter(args.as_uid, args.python)
     result = {
         "benchmark": "sandbox",
         "cpu_count": os.cpu_count(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": sys.version.split()[0],
-        "overhead": measure_overhead(args.iterations),
-        "throughput": measure_throughput(counts, args.jobs),
-        "warm_against_cold": measure_warm_against_cold(args.warm_iterations, args.warm_jobs, args.warm_servers),
+        "server_uid": args.as_uid,
+        "overhead": measure_overhead(args.iterations, args.python or sys.executable, start),
+        "throughput": measure_throughput(counts, args.jobs, start),
+        "warm_against_cold": measure_warm_against_cold(args.warm_iterations, args.warm_jobs, args.warm_servers, start),
     }
     text = json.dumps(result, indent=2)
     print(text)

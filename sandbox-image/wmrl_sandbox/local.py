@@ -23,14 +23,20 @@ class LocalServer:
 
     ``work_root`` defaults to a fresh directory under the system temp dir (searchable by the
     per-slot uids), removed on exit. ``prefix`` wraps the command (e.g. setpriv to run the
-    server as another user).
+    server as another user). ``user``: run the server as that uid (from root, through setpriv),
+    as the image runs it: the deployed (namespaces) mode; the default work root is then its own.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", slots: Optional[int] = None, args: tuple[str, ...] = (), env: Optional[dict] = None,
-                 work_root: Optional[str] = None, start_timeout: float = 30.0, prefix: tuple[str, ...] = ()):
+                 work_root: Optional[str] = None, start_timeout: float = 30.0, prefix: tuple[str, ...] = (),
+                 user: Optional[int] = None):
         self._own_root = work_root is None
         self.work_root = work_root or tempfile.mkdtemp(prefix="wmrl-sandbox-")
         os.chmod(self.work_root, 0o711)
+        if user is not None:
+            prefix = ("setpriv", "--reuid", str(user), "--regid", str(user), "--clear-groups", *prefix)
+            if self._own_root:
+                os.chown(self.work_root, user, user)
         cmd = [*prefix, sys.executable, "-m", "wmrl.cli", "sandbox", "serve", "--host", host, "--port", "0",
                "--work-root", self.work_root, *(("--slots", str(slots)) if slots else ()), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -1,10 +1,13 @@
 """`wmrl bench sandbox` end to end with tiny sizes: it runs and writes the documented JSON."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+import bubblewrap
 
 
 @pytest.mark.slow
@@ -27,6 +30,26 @@ def test_bench_sandbox_writes_json(tmp_path):
     for kind in ("warm", "cold"):
         assert warm["throughput"][kind]["failed"] == 0 and warm["throughput"][kind]["jobs"] == 2
     assert warm["fork_server"]["ready"] == 1 and "sklearn" in warm["fork_server"]["modules"]
+
+
+@pytest.mark.slow
+def test_bench_sandbox_measures_the_deployed_mode_as_another_uid(tmp_path):
+    """--as-uid: every server as an unprivileged uid with bubblewrap, as the image runs it. The system
+    interpreter here has no scikit-learn: the warm/cold program is skipped and says why."""
+    out = tmp_path / "bench.json"
+    for directory in (tmp_path, tmp_path.parent, tmp_path.parent.parent):  # the uid reaches its bwrap copy
+        os.chmod(directory, 0o755)
+    env = {**os.environ, "WMRL_BWRAP": bubblewrap.copy_for(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "sandbox", "--json", str(out),
+                           "--iterations", "2", "--jobs", "2", "--servers", "1", "--warm-iterations", "1",
+                           "--warm-jobs", "1", "--warm-servers", "1", "--as-uid", "61980", "--python", "/usr/bin/python3"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["server_uid"] == 61980
+    assert result["overhead"]["isolation"]["mode"] == "namespaces"
+    assert result["throughput"][0]["failed"] == 0
+    assert "scikit-learn" in result["warm_against_cold"]["skipped"]
 
 
 def test_bench_rejects_bad_arguments():
