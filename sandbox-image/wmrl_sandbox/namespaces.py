@@ -122,18 +122,38 @@ def _drop_capabilities() -> None:
     _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
 
 
+def _exit_code(status: int) -> int:
+    """bwrap's exit code for a child's wait ``status``: its exit code, or 128 + the signal that killed it."""
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status) & 0xFF
+
+
+def _init(program: int, report: int) -> None:  # pragma: no cover - PID 1 of an execution's namespace
+    """PID 1: reap every process the namespace orphans; when the program ends, report its wait status
+    and exit, which ends every process left in the namespace (as bwrap's init does)."""
+    for descriptor in (0, 1, 2):  # the execution's pipes: only the program and its own processes hold them
+        os.close(descriptor)
+    while True:
+        pid, status = os.wait()
+        if pid == program:
+            os.write(report, str(status).encode())
+            os._exit(0)
+
+
 def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] = (), hidden: Iterable[str] = (),
           tmpfs_bytes: int = 256 << 20) -> None:  # pragma: no cover - runs in a fork server's child
     """Make, in this process, what :func:`bwrap_command` makes for a cold execution.
 
-    Returns in the execution's first process: PID 1 of new user, PID, network, mount, IPC, UTS
-    and cgroup namespaces, as uid :data:`INSIDE_UID`, with the filesystem read-only, fresh tmpfs
-    over /tmp, /var/tmp and /dev/shm, the work root and ``hidden`` masked, ``workdir`` bound back
-    read-write and ``visible`` read-only, its own /proc, a new session, and dying with its
-    parent. The calling process never returns: it writes ``{"child-pid": N}`` to ``info_fd``
-    (bwrap's protocol, so the server ends the namespace as it does bwrap's), waits for the first
-    process and exits as it did. Capabilities are dropped from the bounding set here; the caller
-    clears the remaining sets (after its own setup) and loads the seccomp filter.
+    Three processes, as with bwrap: this one ``unshare``\s new user, PID, network, mount, IPC, UTS
+    and cgroup namespaces and forks the namespace's PID 1, which sets up the mounts (everything
+    read-only, its own /proc, fresh tmpfs over /tmp, /var/tmp and /dev/shm, the work root and
+    ``hidden`` masked, ``workdir`` bound back read-write and ``visible`` read-only), dies with its
+    parent, and forks the program's process (PID 2, uid :data:`INSIDE_UID`, a session of its own).
+    Only that one returns; the caller then clears its capabilities and loads the seccomp filter.
+    PID 1 stays the namespace's reaper (a process that is PID 1 would ignore its own signals).
+
+    This process never returns: it writes ``{"child-pid": N}`` (PID 1's pid here) to ``info_fd``,
+    bwrap's protocol, so the server ends the namespace as it ends bwrap's, then exits as bwrap
+    does: with the program's exit code, or 128 + the signal that killed it.
     """
     uid, gid = os.getuid(), os.getgid()
     _check(_libc.unshare(ctypes.c_int(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
@@ -142,25 +162,28 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     _write("/proc/self/uid_map", f"{INSIDE_UID} {uid} 1")
     _write("/proc/self/gid_map", f"{INSIDE_UID} {gid} 1")
     parent_alive, parent_holds = os.pipe()
+    report_read, report_write = os.pipe()
     pid = os.fork()
     if pid:
         os.close(parent_alive)
-        for descriptor in (0, 1, 2):  # the execution's pipes: only its own processes hold them
+        os.close(report_write)
+        for descriptor in (0, 1, 2):
             os.close(descriptor)
         os.write(info_fd, json.dumps({"child-pid": pid}).encode())
         os.close(info_fd)
+        reported = b""
+        while chunk := os.read(report_read, 64):
+            reported += chunk
         _, status = os.waitpid(pid, 0)
-        if os.WIFSIGNALED(status):
-            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-            os.kill(os.getpid(), os.WTERMSIG(status))
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        # As bwrap exits (a cold execution's answer); PID 1 killed (timeout, server): by its own status.
+        os._exit(_exit_code(int(reported) if reported else status))
     os.close(parent_holds)
+    os.close(report_read)
     os.close(info_fd)
     _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
     if select.select([parent_alive], [], [], 0)[0]:  # end of file: the parent died before PDEATHSIG was set
         os._exit(137)
     os.close(parent_alive)
-    os.setsid()
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     # Opened in this mount namespace (a bind's source must be in it), before anything is hidden.
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), True) for path in dict.fromkeys(visible)]
@@ -180,3 +203,8 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
         os.close(fd)
     _libc.sethostname(b"sandbox", 7)
     _drop_capabilities()
+    program = os.fork()
+    if program:
+        _init(program, report_write)
+    os.close(report_write)
+    os.setsid()

@@ -153,6 +153,7 @@ def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma
         limits = executor.Limits(**job["limits"])
         if job.get("namespaces") is not None:  # deployed mode: fds[3] is the info pipe, as bwrap's
             _enter_namespaces(job, isolation, limits, info_fd=ns_fd)
+            os.environ["PWD"] = job["workdir"]  # as bwrap's --chdir sets it
         else:
             ns_sock = socket.socket(fileno=ns_fd) if ns_fd is not None else None
             executor._make_preexec(job["exec_dir"], job["uid"], isolation, limits, job["memory_mb"],

@@ -7,6 +7,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
+import bubblewrap
+from wmrl_sandbox.local import LocalServer
+
+DEPLOYED_UID = 61900  # a numeric non-root uid, as the image runs the server; below the root-mode slot uids (62000+)
 SECRET = "wmrl-server-secret-5f1c"
 # Small limits keep hostile cases fast; the server's defaults are larger.
 TEST_ARGS = ("--memory-mb", "512", "--nproc", "32", "--file-size-mb", "16", "--max-output-bytes", "65536",
@@ -46,6 +50,30 @@ def zombie_children_of(pid: int) -> list[int]:
         if fields[0] == "Z" and int(fields[1]) == pid:
             found.append(int(name))
     return found
+
+
+def start_server(mode: str, tmp_path_factory, slots: int = 1, *, uid: int, args: tuple[str, ...] = TEST_ARGS,
+                 env: dict | None = None) -> LocalServer:
+    """A server in ``mode``: ``root`` or ``deployed`` (as the non-root ``uid``, with bubblewrap, as the
+    image runs it), each ``-cold`` with ``--no-warm``. Starting either needs root."""
+    if os.geteuid() != 0:
+        raise RuntimeError("these tests start servers as root and as another uid: run them as root")
+    if mode.endswith("-cold"):
+        args += ("--no-warm",)
+    if mode in ("root", "root-cold"):
+        return LocalServer(slots=slots, args=args, env=env)
+    base = tmp_path_factory.mktemp(f"deployed-{uid}")
+    for directory in (base, base.parent, base.parent.parent):
+        os.chmod(directory, 0o755)
+    work = base / "work"
+    work.mkdir()
+    os.chown(work, uid, uid)
+    # setpriv looks the venv's interpreter up with root's access (it lives under /root here); the
+    # executions use the system interpreter, which the server's uid can reach.
+    prefix = ("setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups")
+    return LocalServer(slots=slots, work_root=str(work), prefix=prefix,
+                       env={**(env or {}), "WMRL_BWRAP": bubblewrap.copy_for(base)},
+                       args=args + ("--python", "/usr/bin/python3"))
 
 
 def execution_processes(server) -> list[int]:

@@ -30,40 +30,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-import bubblewrap
-from sandbox_helpers import SECRET, TEST_ARGS, assert_contained, execution_processes, run
+from sandbox_helpers import (DEPLOYED_UID, SECRET, TEST_ARGS, assert_contained, execution_processes, run,
+                             start_server)
 from wmrl_sandbox.executor import WORK_SUBDIR
-from wmrl_sandbox.local import LocalServer
-
-DEPLOYED_UID = 61900  # a numeric non-root uid, as the image runs the server; below the root-mode slot uids (62000+)
-
 
 def start(mode: str, tmp_path_factory, slots: int = 1):
     """A server in ``mode`` with a secret in its environment; requires every isolation layer.
 
     Each deployed server gets a uid of its own (``DEPLOYED_UID + slots``): the tests tell an
     execution's processes by that uid."""
-    if os.geteuid() != 0:
-        raise RuntimeError("the hostile suite starts servers as root and as another uid: run it as root")
-    args = TEST_ARGS + ("--require-isolation",)
-    env = {"WMRL_TEST_SECRET": SECRET}
-    if mode.endswith("-cold"):
-        args += ("--no-warm",)
-    if mode in ("root", "root-cold"):
-        return LocalServer(slots=slots, args=args, env=env)
-    base = tmp_path_factory.mktemp(f"deployed-{slots}")
-    for directory in (base, base.parent, base.parent.parent):
-        os.chmod(directory, 0o755)
-    uid = DEPLOYED_UID + slots
-    work = base / "work"
-    work.mkdir()
-    os.chown(work, uid, uid)
-    # setpriv looks the venv's interpreter up with root's access (it lives under /root here); the
-    # executions use the system interpreter, which the server's uid can reach.
-    prefix = ("setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups")
-    return LocalServer(slots=slots, work_root=str(work), prefix=prefix,
-                       env={**env, "WMRL_BWRAP": bubblewrap.copy_for(base)},
-                       args=args + ("--python", "/usr/bin/python3"))
+    return start_server(mode, tmp_path_factory, slots, uid=DEPLOYED_UID + slots, args=TEST_ARGS + ("--require-isolation",),
+                        env={"WMRL_TEST_SECRET": SECRET})
 
 
 MODES = ["root", "root-cold", "deployed", "deployed-cold"]

@@ -2,8 +2,10 @@
 new interpreter would, shares nothing with the one before, and survives its fork server's death.
 
 The trusted peer is the cold path itself: every program runs on a warm and on a cold
-(``--no-warm``) server, both real root-mode servers, and their answers must agree. The
-hostile suite (test_hostile.py) runs every attack against the warm path too.
+(``--no-warm``) server, both real root-mode servers, and their answers must agree; and again on
+a warm and a cold deployed-mode server (an unprivileged uid: the fork server's child makes its
+own namespaces, where bubblewrap makes them cold). The hostile suite (test_hostile.py) runs every
+attack against the warm paths too.
 """
 
 import base64
@@ -14,7 +16,7 @@ import time
 
 import pytest
 
-from sandbox_helpers import TEST_ARGS, run
+from sandbox_helpers import DEPLOYED_UID, TEST_ARGS, run, start_server
 
 ARGS = TEST_ARGS
 from wmrl_sandbox.local import LocalServer
@@ -83,6 +85,27 @@ def test_a_warm_execution_answers_as_a_new_interpreter(name, warm, cold):
     answer = _answer(run(warm, code, **fields))
     assert answer == _answer(run(cold, code, **fields))
     assert "SHADOWED" not in answer[4]  # nothing is imported from the request's files before its own imports
+
+
+@pytest.fixture(scope="module")
+def deployed_pair(tmp_path_factory):
+    """Warm and cold deployed-mode servers, each as a uid of its own, with the system interpreter
+    (the one an unprivileged uid can run here; it has no scikit-learn)."""
+    with start_server("deployed", tmp_path_factory, uid=DEPLOYED_UID + 10) as warm_server, \
+            start_server("deployed-cold", tmp_path_factory, uid=DEPLOYED_UID + 11) as cold_server:
+        assert warm_server.healthz()["warm"]["ready"] == 1
+        yield warm_server, cold_server
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_a_deployed_warm_execution_answers_as_a_new_interpreter(name, deployed_pair):
+    warm_server, cold_server = deployed_pair
+    code, fields = PROGRAMS[name]
+    answer = _answer(run(warm_server, code, **fields))
+    assert answer == _answer(run(cold_server, code, **fields))
+    assert "SHADOWED" not in answer[4]
+    probe = "import sys\nprint('wmrl_sandbox.warm' in sys.modules)"  # it really ran warm, and the other cold
+    assert [run(srv, probe)["run_result"]["stdout"].strip() for srv in deployed_pair] == ["True", "False"]
 
 
 def test_the_warm_path_really_ran(warm, cold):
