@@ -76,6 +76,8 @@ SANDBOX_WORK_MI_PER_SLOT = 2 * SANDBOX_FILE_MI  # /work/exec/<execution>: progra
 SANDBOX_WORK_MI_BASE = 256  # /work also holds the server's TMPDIR (/work/tmp) and HOME
 SANDBOX_TMP_MI_PER_SLOT = SANDBOX_FILE_MI  # /tmp: programs that write there directly (one max-size file)
 SANDBOX_SERVER_MEMORY_MI = 512  # the server: Python + wmrl, 1 MiB output buffers per stream, fetched files
+SANDBOX_FORK_SERVER_MEMORY_MI = 256  # each slot's warm fork server: ~200 MiB resident with numpy, scipy, pandas
+                                     # and scikit-learn imported (measured), shared with its children until written
 
 # /dev/shm (a memory-backed emptyDir) for the trainer and the vLLM world model: NCCL's shared-memory
 # transport, PyTorch's inter-process tensors and vLLM's worker message queue live there, and a
@@ -335,11 +337,13 @@ def _shm_volume(gpus: int) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def sandbox_default_resources(slots: int) -> dict[str, str]:
     """cpu and memory of a sandbox Pod with ``slots`` concurrent executions (request = limit):
-    a core per slot plus the server's share; per slot an execution's memory cap and its share of
-    the memory-backed emptyDirs (their pages count against the container's memory), plus the server."""
+    a core per slot plus the server's share; per slot an execution's memory cap, its fork server and
+    its share of the memory-backed emptyDirs (their pages count against the container's memory),
+    plus the server."""
     work, tmp = sandbox_volume_mebibytes(slots)
+    per_slot = SANDBOX_EXEC_MEMORY_MI + SANDBOX_FORK_SERVER_MEMORY_MI
     return {"cpu": _cpu(SANDBOX_CPU_MILLI_PER_SLOT * slots + SANDBOX_SERVER_CPU_MILLI),
-            "memory": _mi(SANDBOX_EXEC_MEMORY_MI * slots + work + tmp + SANDBOX_SERVER_MEMORY_MI)}
+            "memory": _mi(per_slot * slots + work + tmp + SANDBOX_SERVER_MEMORY_MI)}
 
 
 def sandbox_volume_mebibytes(slots: int) -> tuple[int, int]:

@@ -929,7 +929,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
             limits: Limits = Limits(), python: str = sys.executable, warm: Optional[Any] = None) -> ExecutionResult:
     """Run ``request.code`` as ``python -E -s -B <workdir>/main.py`` in a fresh directory under ``work_root``.
 
-    ``warm``: the slot's fork server (:class:`wmrl_sandbox.warm.Zygote`, root mode): the program
+    ``warm``: the slot's fork server (:class:`wmrl_sandbox.warm.Zygote`): the program
     runs in a child forked from it, with the same isolation, instead of a new interpreter.
 
     Blocking (the server runs it in a worker thread). ``uid`` is the slot's dedicated uid in

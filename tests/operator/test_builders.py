@@ -291,9 +291,9 @@ def test_sandbox_defaults_follow_the_executor_limits():
 
 
 @pytest.mark.parametrize("slots,cpu,memory,work,tmp", [
-    (1, "1250m", "3584Mi", "768Mi", "256Mi"),
-    (2, "2250m", "6400Mi", "1280Mi", "512Mi"),
-    (4, "4250m", "12032Mi", "2304Mi", "1Gi"),
+    (1, "1250m", "3840Mi", "768Mi", "256Mi"),
+    (2, "2250m", "6912Mi", "1280Mi", "512Mi"),
+    (4, "4250m", "13056Mi", "2304Mi", "1Gi"),
 ])
 def test_sandbox_gets_default_resources_and_sized_memory_volumes(slots, cpu, memory, work, tmp):
     dep = b.sandbox_deployment(RUN, spec(sandbox={"slotsPerPod": slots}))
@@ -317,7 +317,7 @@ def test_sandbox_explicit_resources_win_per_resource():
     assert c["resources"] == {"requests": {"cpu": "1250m"}, "limits": {"memory": "1Gi", "cpu": "1250m"}}
     # Something else entirely: cpu and memory still get their defaults.
     c = pod_of(b.sandbox_deployment(RUN, spec(sandbox={"resources": {"requests": {"ephemeral-storage": "1Gi"}}})))["containers"][0]
-    assert c["resources"]["requests"] == {"ephemeral-storage": "1Gi", "cpu": "1250m", "memory": "3584Mi"}
+    assert c["resources"]["requests"] == {"ephemeral-storage": "1Gi", "cpu": "1250m", "memory": "3840Mi"}
     # The volumes' sizeLimits do not depend on the resources.
     assert volumes_of(b.sandbox_deployment(RUN, spec(sandbox={"resources": full})))["work"]["emptyDir"]["sizeLimit"] == "768Mi"
 

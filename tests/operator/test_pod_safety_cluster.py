@@ -136,7 +136,7 @@ def test_every_child_is_accepted_and_keeps_its_pod_safety(psa_namespace):
     # The figures themselves, as the apiserver stored them.
     sandbox = pod_spec(stored[("Deployment", "safe-sandbox")])
     defaults = b.sandbox_default_resources(2)
-    assert defaults == {"cpu": "2250m", "memory": "6400Mi"}
+    assert defaults == {"cpu": "2250m", "memory": "6912Mi"}
     assert sandbox["containers"][0]["resources"] == {"requests": defaults, "limits": defaults}
     vols = by_name(sandbox["volumes"])
     assert vols["work"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1280Mi"}
