@@ -91,6 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark namespace")
     parser.add_argument("--plot", metavar="PATH", help="also plot runs created and runs complete against time (PNG)")
+    parser.add_argument("--restart", action="store_true",
+                        help="then stop the operator, start a new one and measure how it resumes every run")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=None, metavar="N",
                         help="passed to the operator (default: the operator's)")
 
@@ -187,6 +189,66 @@ class ChildWatcher:
                 time.sleep(0.1)
 
 
+def _wait_healthy(port: int, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+
+
+def _operator_metrics(port: int) -> dict[str, float]:
+    """The resumption figures from an operator's /metrics: spec reconciles done, children written, skipped."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"spec_reconciles": 0.0, "applied": 0.0, "skipped": 0.0}
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "wmrl_operator_reconciles_total" and sample.labels.get("trigger") == "spec" \
+                    and sample.labels.get("result") == "ok":
+                out["spec_reconciles"] += sample.value
+            elif sample.name == "wmrl_operator_child_writes_total":
+                out[sample.labels["result"]] = out.get(sample.labels["result"], 0.0) + sample.value
+    return out
+
+
+def measure_restart(command: list[str], env: dict[str, str], runs: int, timeout: float) -> dict[str, Any]:
+    """Start an operator over ``runs`` existing runs: seconds until it has resumed them all (a spec
+    reconcile each), and how many children it wrote or found already as wanted meanwhile."""
+    health, metrics = _free_port(), _free_port()
+    log = tempfile.NamedTemporaryFile(prefix="wmrl-bench-operator-restart-", suffix=".log", delete=False)
+    started = time.monotonic()
+    op = subprocess.Popen([*command, "--health-port", str(health), "--metrics-port", str(metrics)],
+                          env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(health)
+        figures: dict[str, float] = {}
+        while time.monotonic() - started < timeout:
+            try:
+                figures = _operator_metrics(metrics)
+            except Exception:  # noqa: BLE001 - not serving yet
+                figures = {}
+            if figures.get("spec_reconciles", 0) >= runs:
+                break
+            time.sleep(0.1)
+        elapsed = time.monotonic() - started
+        return {"runs": runs, "resumed": int(figures.get("spec_reconciles", 0)), "resume_s": round(elapsed, 3),
+                "children_written": int(figures.get("applied", 0)), "children_skipped": int(figures.get("skipped", 0)),
+                "operator_peak_rss_mb": round(_peak_rss_mb(op.pid).get("VmHWM", float("nan")), 1)}
+    finally:
+        op.terminate()
+        try:
+            op.wait(15)
+        except subprocess.TimeoutExpired:
+            op.kill()
+
+
 def main(args: argparse.Namespace) -> int:
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
@@ -219,22 +281,15 @@ def main(args: argparse.Namespace) -> int:
 
     health = _free_port()
     log = tempfile.NamedTemporaryFile(prefix="wmrl-bench-operator-", suffix=".log", delete=False)
-    op = subprocess.Popen([sys.executable, "-m", "wmrl.cli", "operator", "--standalone", "--namespace", ns,
-                           "--health-port", str(health), "--metrics-port", "0", "--resync-interval", "10",
-                           *([] if args.max_concurrent_reconciles is None
-                             else ["--max-concurrent-reconciles", str(args.max_concurrent_reconciles)])],
+    command = [sys.executable, "-m", "wmrl.cli", "operator", "--standalone", "--namespace", ns,
+               "--resync-interval", "10",
+               *([] if args.max_concurrent_reconciles is None
+                 else ["--max-concurrent-reconciles", str(args.max_concurrent_reconciles)])]
+    op = subprocess.Popen([*command, "--health-port", str(health), "--metrics-port", "0"],
                           env=env, stdout=log, stderr=subprocess.STDOUT)
     result: dict[str, Any] = {}
     try:
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        _wait_healthy(health)
         baseline = _peak_rss_mb(op.pid)
         watcher = ChildWatcher(api_client, ns)
         watcher.start()
@@ -292,12 +347,18 @@ def main(args: argparse.Namespace) -> int:
             start = min(created.values())
             plot_burst([t - start for t in created.values()], [t - start for t in done.values()], args.plot,
                        result["goals"].get("total_s"))
-    finally:
         op.terminate()
-        try:
-            op.wait(15)
-        except subprocess.TimeoutExpired:
-            op.kill()
+        op.wait(15)
+        if args.restart:
+            result["restart"] = measure_restart(command, env, len(names) + len(steady_names),
+                                                max(1.0, give_up - time.monotonic()))
+    finally:
+        if op.poll() is None:
+            op.terminate()
+            try:
+                op.wait(15)
+            except subprocess.TimeoutExpired:
+                op.kill()
         if not args.keep:
             subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], env=env, capture_output=True)
         if started_cluster is not None and not os.environ.get("WMRL_KEEP_CLUSTER"):
@@ -307,4 +368,6 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(text + "\n")
     steady_ok = (result.get("steady") or {}).get("completed") == len(steady_names)
-    return 0 if result.get("completed") == len(names) and steady_ok else 1
+    restart = result.get("restart")
+    restart_ok = restart is None or restart["resumed"] >= restart["runs"]
+    return 0 if result.get("completed") == len(names) and steady_ok and restart_ok else 1

@@ -15,7 +15,7 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
     env = {**os.environ, "KUBECONFIG": str(crd_installed.kubeconfig)}
     res = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "operator", "--runs", "3", "--steady", "2",
                           "--timeout", "120", "--max-concurrent-reconciles", "4", "--json", str(out),
-                          "--plot", str(tmp_path / "burst.png")], env=env, capture_output=True, text=True, timeout=300)
+                          "--plot", str(tmp_path / "burst.png"), "--restart"], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
     assert result == json.loads(res.stdout[res.stdout.index("{"):])  # the same JSON on stdout
@@ -32,6 +32,10 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
     assert [c["completed"] for c in curve] == [1, 2, 3]
     assert [c["s"] for c in curve] == sorted(c["s"] for c in curve) and curve[-1]["s"] == result["total_s"]
     assert (tmp_path / "burst.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A second operator resumes all 5 runs and writes none of their unchanged children.
+    restart = result["restart"]
+    assert restart["runs"] == restart["resumed"] == 5 and restart["resume_s"] > 0
+    assert restart["children_written"] == 0 and restart["children_skipped"] >= 5 * 10
 
 
 def test_the_completion_curve_and_the_goals_by_burst_size():
