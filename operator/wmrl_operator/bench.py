@@ -91,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark namespace")
     parser.add_argument("--plot", metavar="PATH", help="also plot runs created and runs complete against time (PNG)")
+    parser.add_argument("--cache-children", action="store_true", help="passed to the operator")
     parser.add_argument("--restart", action="store_true",
                         help="then stop the operator, start a new one and measure how it resumes every run")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=None, metavar="N",
@@ -283,6 +284,7 @@ def main(args: argparse.Namespace) -> int:
     log = tempfile.NamedTemporaryFile(prefix="wmrl-bench-operator-", suffix=".log", delete=False)
     command = [sys.executable, "-m", "wmrl.cli", "operator", "--standalone", "--namespace", ns,
                "--resync-interval", "10",
+               *(["--cache-children"] if args.cache_children else []),
                *([] if args.max_concurrent_reconciles is None
                  else ["--max-concurrent-reconciles", str(args.max_concurrent_reconciles)])]
     op = subprocess.Popen([*command, "--health-port", str(health), "--metrics-port", "0"],
@@ -336,6 +338,7 @@ def main(args: argparse.Namespace) -> int:
             "operator_idle_rss_mb": round(baseline.get("VmRSS", float("nan")), 1),
             "completion_curve": completion_curve(min(created.values()), list(done.values())) if created else [],
             "max_concurrent_reconciles": args.max_concurrent_reconciles,
+            "cache_children": args.cache_children,
             "goals": goals_for(len(names)),
         }
         p = result["create_to_children_s"]

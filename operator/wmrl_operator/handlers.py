@@ -2,8 +2,9 @@
 
 - WMRLRun create/update/resume -> full reconcile (re-apply every child);
 - trainer Job events (label ``wmrl.dev/run``) -> status reconcile of the owning run;
-- kopf indexes of the other children (``children.py``), so a reconcile writes only the children
-  that are missing or differ; a child deleted by hand -> full reconcile of its run (made again);
+- with ``cache_children``: kopf indexes of the other children (``children.py``), so a reconcile
+  writes only the children that are missing or differ; a child deleted by hand -> full reconcile
+  of its run (made again);
 - WMRLRun events keep the set of known runs for the periodic resync loop, which handles
   deadlines, TTL, missed events and the sandbox autoscaler, and refreshes status.calibration.
 
@@ -42,6 +43,7 @@ class Config:
     calibration_interval: float = 30.0
     settings: Settings = field(default_factory=Settings)
     webhook: bool = False
+    cache_children: bool = False  # kopf indexes of the children (children.py); see --cache-children
 
 
 def _temporary(exc: Exception) -> bool:
@@ -147,7 +149,7 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
             except kopf.TemporaryError as exc:  # event handlers are not retried: the resync loop catches up
                 log.warning("job event reconcile failed: %s", exc, extra={"run": run, "namespace": namespace})
 
-    for api_version, kind in children.INDEXED_KINDS:
+    for api_version, kind in (children.INDEXED_KINDS if config.cache_children else ()):
         group, _, version = api_version.rpartition("/")
         resource = (group, version, PLURALS[(api_version, kind)]) if group else (version, PLURALS[(api_version, kind)])
         # kopf fills every index from its first LIST before any other handler runs.

@@ -109,6 +109,23 @@ def _bind(fd: int, path: str, read_only: bool) -> None:
     _mount(None, path, None, _MS_REMOUNT | _MS_BIND | (_MS_RDONLY if read_only else 0) | _locked_flags(path))
 
 
+_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def _minimal_dev(devices: list[tuple[str, int]]) -> None:  # pragma: no cover - in a fork server's child
+    """A /dev of its own, as bwrap's ``--dev``: only the harmless nodes (``devices``: opened before),
+    the usual links and an empty /dev/shm; no pty of the container (a ``kubectl exec`` terminal)."""
+    _mount("tmpfs", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
+    for name, fd in devices:
+        open(f"/dev/{name}", "w").close()
+        _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, _MS_BIND)
+        os.close(fd)
+    for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{link}")
+    os.mkdir("/dev/shm")
+
+
 def _write(path: str, text: str) -> None:
     with open(path, "w") as fh:
         fh.write(text)
@@ -188,10 +205,12 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     # Opened in this mount namespace (a bind's source must be in it), before anything is hidden.
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), True) for path in dict.fromkeys(visible)]
     keep.append((workdir, os.open(workdir, os.O_PATH | os.O_DIRECTORY), False))
+    devices = [(name, os.open(f"/dev/{name}", os.O_PATH)) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
     _check(_libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr),
                          ctypes.sizeof(attr)), "mount_setattr(/, read-only)")
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _minimal_dev(devices)
     for directory in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(directory):
             _mount("tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmpfs_bytes},mode=1777")

@@ -386,6 +386,15 @@ class Zygote:
         self.info = None
 
 
+def _kernel() -> tuple[int, int]:
+    release = os.uname().release
+    try:
+        major, minor = release.split(".")[:2]
+        return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+    except ValueError:
+        return (0, 0)
+
+
 class WarmSlots:
     """The fork servers of a server's slots, one per slot (root or namespaces mode; see the module docstring)."""
 
@@ -397,6 +406,9 @@ class WarmSlots:
         elif isolation.mode not in ("root", "namespaces"):
             self.reason = (f"isolation mode {isolation.mode!r}: warm starts need root mode or namespaces mode "
                            "(user namespaces), so executions start cold")
+        elif isolation.mode == "namespaces" and _kernel() < (5, 12):
+            self.reason = (f"kernel {'.'.join(map(str, _kernel()))}: the deployed mode's warm start needs "
+                           "mount_setattr (Linux 5.12), so executions start cold (bubblewrap)")
         self.zygotes: dict[int, Zygote] = {}
         if self.reason is None:
             self.zygotes = {slot: Zygote(python, modules) for slot in range(slots)}

@@ -15,7 +15,7 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
     env = {**os.environ, "KUBECONFIG": str(crd_installed.kubeconfig)}
     res = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "operator", "--runs", "3", "--steady", "2",
                           "--timeout", "120", "--max-concurrent-reconciles", "4", "--json", str(out),
-                          "--plot", str(tmp_path / "burst.png"), "--restart"], env=env, capture_output=True, text=True, timeout=300)
+                          "--plot", str(tmp_path / "burst.png"), "--restart", "--cache-children"], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
     assert result == json.loads(res.stdout[res.stdout.index("{"):])  # the same JSON on stdout

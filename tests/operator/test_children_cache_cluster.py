@@ -44,7 +44,7 @@ def _spec_reconciles(port):
 def _start(crd_installed, namespace, tmp_path, name):
     port = _free_port()
     op = Operator(crd_installed.kubeconfig, namespace, tmp_path / f"{name}.log",
-                  extra_args=("--metrics-port", str(port))).start()
+                  extra_args=("--metrics-port", str(port), "--cache-children")).start()
     wait_for(lambda: _try(lambda: _samples(port)), timeout=60, what=f"{name}'s /metrics")
     return op, port
 

@@ -61,6 +61,7 @@ PROGRAMS = {
     "files import": ("import helper\nprint(helper.X)",
                      {"files": {"helper.py": base64.b64encode(b"X = 42\n").decode()}}),
     "environment": ("import os\nprint(sorted(k for k in os.environ))", {}),
+    "devices": ("import os\nprint(sorted(n for n in os.listdir('/dev') if n not in ('pts', 'ptmx', 'core')))", {}),
     "killed by a signal": ("import os\nos.kill(os.getpid(), 9)", {}),
     "uid and capabilities": ("import os\nprint(os.getuid() != 0, open('/proc/self/status').read().split('CapEff:')[1]"
                              ".split()[0])", {}),
