@@ -251,9 +251,9 @@ class Reconciler:
         if start_time is None and not spec.suspend and (not queue or js.state in ("pending", "running")):
             start_time = now_s
         awaiting_admission = bool(queue) and not spec.suspend and js.state in ("absent", "suspended")
-        # A queued run's pools wait at zero until admission, which only a Job event reports: such a
-        # run re-applies its children on every event (only the ones that change are written).
-        if apply_children or js.state == "absent" or queue:
+        # A queued run's pools wait at zero until admission, which only a Job event reports: while it
+        # waits, and at the event that admits it, it re-applies its children.
+        if apply_children or js.state == "absent" or awaiting_admission or (queue and st.is_queued(status)):
             await self._apply_children(run, spec, start_time, now, job_exists=job is not None,
                                        skip_calibration=bool(conflicts),
                                        may_prune=apply_children and generation != 1,
@@ -447,7 +447,7 @@ class Reconciler:
         desired = self.recommendations.decide((run.namespace, run.name), demand_of(status), s.slots_per_pod,
                                               s.min_replicas, s.max_replicas, current, time.time(),
                                               s.scale_down_stabilization_seconds,
-                                              suspended=spec.suspend or st.is_queued(status))
+                                              suspended=spec.suspend or await self._awaiting_admission(body))
         dstatus = dep.get("status") or {}
         old = status.get("sandbox") or {}
         new = {"replicas": int(dstatus.get("replicas") or 0), "readyReplicas": int(dstatus.get("readyReplicas") or 0),
@@ -463,6 +463,14 @@ class Reconciler:
         new = {k: v for k, v in new.items() if v is not None}
         if old != new:
             await self._patch_status(body, {"sandbox": new})
+
+    async def _awaiting_admission(self, body: dict[str, Any]) -> bool:
+        """Queued and not yet admitted by Kueue (its trainer Job absent or suspended): pools stay at zero."""
+        if not builders.queue_name(builders.admission_labels(body["metadata"].get("labels"))):
+            return False
+        run = builders.Run.from_body(body)
+        job = await self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))
+        return st.job_state(job).state in ("absent", "suspended")
 
     # ------------------------------------------------------------ I/O helpers
 
