@@ -32,6 +32,8 @@ import shutil
 import signal
 from typing import Iterable, Optional
 
+from wmrl_sandbox.executor import _mount, _unshare  # the same calls as root mode's isolation
+
 INSIDE_UID = 1000
 BWRAP_ENV = "WMRL_BWRAP"  # where bwrap is when it is not on PATH (the tests' cached copy)
 
@@ -91,11 +93,6 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, data: Optional[str] = None) -> None:
-    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount({target})")
-
-
 def _locked_flags(path: str) -> int:
     """nosuid/nodev/noexec of the mount at ``path``: a remount in a user namespace must keep them."""
     flags = os.statvfs(path).f_flag
@@ -105,8 +102,8 @@ def _locked_flags(path: str) -> int:
 def _bind(fd: int, path: str, read_only: bool) -> None:
     """Bind the directory open as ``fd`` (taken before anything was hidden) at ``path``."""
     os.makedirs(path, exist_ok=True)
-    _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
-    _mount(None, path, None, _MS_REMOUNT | _MS_BIND | (_MS_RDONLY if read_only else 0) | _locked_flags(path))
+    _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
+    _mount(None, path, None, _MS_REMOUNT | _MS_BIND | (_MS_RDONLY if read_only else 0) | _locked_flags(path), None)
 
 
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -118,7 +115,7 @@ def _minimal_dev(devices: list[tuple[str, int]]) -> None:  # pragma: no cover - 
     _mount("tmpfs", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
     for name, fd in devices:
         open(f"/dev/{name}", "w").close()
-        _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, _MS_BIND)
+        _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, _MS_BIND, None)
         os.close(fd)
     for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
@@ -173,8 +170,8 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     does: with the program's exit code, or 128 + the signal that killed it.
     """
     uid, gid = os.getuid(), os.getgid()
-    _check(_libc.unshare(ctypes.c_int(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
-                                      | _CLONE_NEWPID | _CLONE_NEWCGROUP)), "unshare")
+    _unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID
+             | _CLONE_NEWCGROUP)
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{INSIDE_UID} {uid} 1")
     _write("/proc/self/gid_map", f"{INSIDE_UID} {gid} 1")
@@ -201,7 +198,7 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     if select.select([parent_alive], [], [], 0)[0]:  # end of file: the parent died before PDEATHSIG was set
         os._exit(137)
     os.close(parent_alive)
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
     # Opened in this mount namespace (a bind's source must be in it), before anything is hidden.
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), True) for path in dict.fromkeys(visible)]
     keep.append((workdir, os.open(workdir, os.O_PATH | os.O_DIRECTORY), False))
@@ -209,7 +206,7 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
     _check(_libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr),
                          ctypes.sizeof(attr)), "mount_setattr(/, read-only)")
-    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
     _minimal_dev(devices)
     for directory in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(directory):

@@ -26,6 +26,16 @@ def metric(server, name: str) -> float:
     return 0.0
 
 
+def hold_the_only_slot(server, seconds: float) -> threading.Thread:
+    """Another client's run of ``seconds`` on ``server``, started and holding its slot on return."""
+    hog = threading.Thread(target=lambda: httpx.post(f"{server.url}/run_code", timeout=30, json={
+        "code": SLEEP.format(s=seconds), "language": "python"}))
+    hog.start()
+    while server.healthz()["busy"] == 0:
+        time.sleep(0.02)
+    return hog
+
+
 @pytest.fixture(scope="module")
 def two_servers():
     with LocalServer(slots=1) as a, LocalServer(slots=1) as b:
@@ -124,11 +134,7 @@ def test_busy_pod_is_waited_for_not_failed():
     """Another client holds the only slot of a server that does not queue: its 503 + Retry-After
     answers wait for the slot without using up the retries."""
     with LocalServer(slots=1, args=("--max-queue", "0")) as a:
-        hog = threading.Thread(target=lambda: httpx.post(f"{a.url}/run_code", timeout=30, json={
-            "code": SLEEP.format(s=1.5), "language": "python"}))
-        hog.start()
-        while a.healthz()["busy"] == 0:
-            time.sleep(0.02)
+        hog = hold_the_only_slot(a, 1.5)
         with SandboxDispatcher(StaticEndpoints([a.url]), timeout=20, max_retries=0) as d:
             assert d.run("print('after')").result(timeout=60)["run_result"]["stdout"] == "after\n"
         hog.join()
@@ -140,11 +146,7 @@ def test_a_wait_in_the_servers_queue_is_not_a_timeout():
     The attempt's HTTP timeout counts that wait: without it (run_timeout + margin < wait + run)
     the attempt would time out and, with no retries, fail."""
     with LocalServer(slots=1, args=("--max-queue-wait", "6")) as a:
-        hog = threading.Thread(target=lambda: httpx.post(f"{a.url}/run_code", timeout=30, json={
-            "code": SLEEP.format(s=2.5), "language": "python"}))
-        hog.start()
-        while a.healthz()["busy"] == 0:
-            time.sleep(0.02)
+        hog = hold_the_only_slot(a, 2.5)
         with SandboxDispatcher(StaticEndpoints([a.url]), timeout=1.5, max_retries=0, http_margin=0.5,
                                server_queue_wait=6) as d:
             result = d.run(SLEEP.format(s=0.3)).result(timeout=60)
