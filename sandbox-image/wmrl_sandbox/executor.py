@@ -538,7 +538,7 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     from wmrl_sandbox import seccomp
 
     hidden = [path for path in dict.fromkeys((exec_dir, interpreter_root(python))) if _masked(path)]
-    own_filter = isolation.seccomp and not (uid is None and isolation.bwrap)  # else bwrap loads it
+    own_process_rules = not (uid is None and isolation.bwrap)  # else bwrap sets no_new_privs and loads the filter
     cpu_seconds = int(math.ceil(run_timeout)) + 1
     address_space = memory_mb << 20
     # RLIMIT_NPROC counts every thread of the real uid: the execution's own uid in root mode;
@@ -579,8 +579,10 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
                 # A uid change without execve leaves the process non-dumpable (its /proc files root's);
                 # a cold execution is dumpable after its execve: the same here.
                 _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-        if own_filter:  # last: nothing above may be refused by it
-            seccomp.install()
+        if own_process_rules:  # last: nothing above may be refused by the filter
+            seccomp.set_no_new_privs()
+            if isolation.seccomp:
+                seccomp.install()
 
     return preexec
 
@@ -885,9 +887,15 @@ def _bwrap_prefix(bwrap: str, workdir: Path, work_root: str, python: str, limits
                          visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=limits.tmpfs_mb << 20)
 
 
-def _namespace_init(info_fd: int, timeout: float = 10.0) -> Optional[int]:
-    """A pidfd of the PID namespace's first process (its host pid read from bwrap's info pipe), taken
-    while bwrap still waits on it, so it can never point at a reused pid; None if bwrap ended first."""
+def _namespace_init(info_fd: int, parent: int, timeout: float = 10.0) -> Optional[int]:
+    """A pidfd of the PID namespace's first process (its host pid read from bwrap's info pipe, or
+    from a warm child's, which speaks the same protocol); None if it is gone already.
+
+    ``parent`` (bwrap, or the warm child that made the namespace) reaps that process when it ends,
+    and may have done so before the pidfd is opened: its pid may then name another process. The
+    pidfd is kept only if, while it was open and its process alive, that process was ``parent``'s
+    child: then it is the namespace's first process, and the pidfd can never point elsewhere.
+    """
     import json
 
     data = b""
@@ -904,9 +912,17 @@ def _namespace_init(info_fd: int, timeout: float = 10.0) -> Optional[int]:
             except (ValueError, KeyError):
                 continue
             try:
-                return os.pidfd_open(pid)
+                pidfd = os.pidfd_open(pid)
             except ProcessLookupError:  # already gone, and its namespace with it
                 return None
+            fields = _stat_fields(pid)
+            with selectors.DefaultSelector() as alive:  # a pidfd is readable once its process has exited
+                alive.register(pidfd, selectors.EVENT_READ)
+                exited = bool(alive.select(0))
+            if fields is None or int(fields[1]) != parent or exited:
+                os.close(pidfd)  # reaped before we looked, and its pid reused (or ended): never signal it
+                return None
+            return pidfd
     return None
 
 
@@ -1005,7 +1021,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                 if fd is not None:
                     os.close(fd)
         if info_read is not None:
-            init_fd = _namespace_init(info_read)
+            init_fd = _namespace_init(info_read, proc.pid)
         stdin = request.stdin.encode() if request.stdin else b""
         if not stdin:
             proc.stdin.close()

@@ -32,7 +32,9 @@ import shutil
 import signal
 from typing import Iterable, Optional
 
-from wmrl_sandbox.executor import _mount, _unshare  # the same calls as root mode's isolation
+# The same calls and constants as root mode's isolation.
+from wmrl_sandbox.executor import (_CLONE_NEWIPC, _CLONE_NEWNET, _CLONE_NEWNS, _MS_BIND, _MS_NODEV, _MS_NOSUID,
+                                   _MS_PRIVATE, _MS_REC, _libc, _mount, _unshare)
 
 INSIDE_UID = 1000
 BWRAP_ENV = "WMRL_BWRAP"  # where bwrap is when it is not on PATH (the tests' cached copy)
@@ -70,16 +72,13 @@ def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, 
 
 # --------------------------------------------------------------------------- warm starts: the same, in-process
 
-_CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
-_CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_CLONE_NEWCGROUP, _CLONE_NEWUTS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x02000000, 0x04000000, 0x10000000, 0x20000000
+_MS_RDONLY, _MS_NOEXEC, _MS_REMOUNT = 1, 8, 32
 _ST_TO_MS = ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC))
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _MOUNT_ATTR_RDONLY = 0x1
 _SYS_MOUNT_SETATTR = 442  # the same number on every architecture (one table for syscalls added since 5.1)
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 47, 4
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _MountAttr(ctypes.Structure):

@@ -105,14 +105,23 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def set_no_new_privs() -> None:
+    """From now on no ``execve`` of this process or its descendants gains privileges (setuid bits,
+    file capabilities); irreversible. Set for every execution, with or without the filter."""
+    PR_SET_NO_NEW_PRIVS = 38
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
 def install(machine: str | None = None) -> None:
     """Load the filter into this process (and everything it starts from now on); irreversible."""
-    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
     code = program(machine)
     buffer = ctypes.create_string_buffer(code, len(code))
     prog = _SockFprog(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+    set_no_new_privs()  # the kernel requires it of an unprivileged caller
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")

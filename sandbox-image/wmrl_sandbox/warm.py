@@ -38,6 +38,7 @@ import importlib
 import json
 import logging
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -112,9 +113,10 @@ def serve(fd: int, modules: list[str]) -> None:
             return
         if not message:
             return  # the server closed its end
+        zygote = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child, reported through its pipes
-            _child(json.loads(message), fds, sock)
+            _child(json.loads(message), fds, sock, zygote)
         for descriptor in fds:
             os.close(descriptor)
         pidfd = os.pidfd_open(pid)  # before reaping: it can only ever name this child
@@ -132,10 +134,24 @@ def _vm_mb() -> int:
     return 0
 
 
-def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma: no cover - in the child
-    """Become the execution: its descriptors, environment and isolation, then its directory and program."""
+def _die_with(parent: int) -> None:  # pragma: no cover - in the child
+    """Be killed when ``parent`` (the fork server) dies, also if it died already."""
+    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+        os._exit(126)
+
+
+def _child(job: dict, fds: list[int], control: socket.socket, zygote: int) -> None:  # pragma: no cover - in the child
+    """Become the execution: its descriptors, environment and isolation, then its directory and program.
+
+    The child dies with its fork server: when the server gives up on a fork server (a spawn that
+    failed after the fork, an answer that never came), killing it ends the child and, in the
+    deployed mode, the namespace whose first process dies with the child. No cleanup by uid or by
+    environment marker could find it there (its environment is set after the exec, so /proc does
+    not show the marker).
+    """
     try:
         control.close()
+        _die_with(zygote)  # kept through unshare (the new user namespace is the old one's child)
         os.setsid()
         for target, descriptor in zip((0, 1, 2), fds[:3]):
             os.dup2(descriptor, target)
@@ -161,6 +177,7 @@ def _child(job: dict, fds: list[int], control: socket.socket) -> None:  # pragma
                                    reveal=tuple(job["reveal"]))()
             if ns_sock is not None:
                 ns_sock.close()
+            _die_with(zygote)  # the uid change above cleared it
         os.chdir(job["workdir"])  # as the execution's uid, in its own mount namespace
     except BaseException as exc:  # noqa: BLE001 - the sandbox failed before the program: say so, never run it
         with contextlib.suppress(BaseException):
@@ -180,6 +197,7 @@ def _enter_namespaces(job: dict, isolation: Any, limits: Any, info_fd: int) -> N
     namespaces.enter(workdir=job["workdir"], work_root=layout["work_root"], info_fd=info_fd,
                      visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=layout["tmpfs_bytes"])
     executor._clear_capabilities()
+    seccomp.set_no_new_privs()  # as bwrap sets it, with or without the filter
     if isolation.seccomp:
         seccomp.install()
 
@@ -258,12 +276,24 @@ class WarmChild:
             except Exception:  # noqa: BLE001 - the zygote is gone or confused: never trust it again
                 self._zygote.stop()
                 self.returncode = -signal.SIGKILL
+                self._reap_orphaned()
             finally:
                 if self._pidfd >= 0:
                     os.close(self._pidfd)
                     self._pidfd = -1
                 self._zygote.busy = False
         return self.returncode
+
+
+    def _reap_orphaned(self, timeout: float = 5.0) -> None:
+        """With its fork server gone, the child (which dies with it) is re-parented to this server, a
+        child subreaper: reap it here, through its pidfd (so never another process that took its pid)."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._pidfd, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                return  # still alive: the caller's cleanup (by uid, or the namespace) ends it
+        with contextlib.suppress(ChildProcessError, OSError):  # not ours: someone else reaps it
+            os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
 
 
 class Zygote:
