@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark namespace")
     parser.add_argument("--plot", metavar="PATH", help="also plot runs created and runs complete against time (PNG)")
-    parser.add_argument("--cache-children", action="store_true", help="passed to the operator")
+    parser.add_argument("--cache-children", action=argparse.BooleanOptionalAction, default=True,
+                        help="passed to the operator (default: on, as the operator's)")
     parser.add_argument("--restart", action="store_true",
                         help="then stop the operator, start a new one and measure how it resumes every run")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=None, metavar="N",
@@ -284,7 +285,7 @@ def main(args: argparse.Namespace) -> int:
     log = tempfile.NamedTemporaryFile(prefix="wmrl-bench-operator-", suffix=".log", delete=False)
     command = [sys.executable, "-m", "wmrl.cli", "operator", "--standalone", "--namespace", ns,
                "--resync-interval", "10",
-               *(["--cache-children"] if args.cache_children else []),
+               "--cache-children" if args.cache_children else "--no-cache-children",
                *([] if args.max_concurrent_reconciles is None
                  else ["--max-concurrent-reconciles", str(args.max_concurrent_reconciles)])]
     op = subprocess.Popen([*command, "--health-port", str(health), "--metrics-port", "0"],

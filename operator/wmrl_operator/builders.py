@@ -53,6 +53,7 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 APPLIED_HASH = "wmrl.dev/applied-hash"
 """Annotation on every applied child: the hash of the manifest the operator applied (``stamped``)."""
 MANAGED_BY = {"app.kubernetes.io/managed-by": "wmrl-operator"}
+MANAGED_BY_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 CONFIG_MOUNT = "/etc/wmrl"
 TASKS_MOUNT = "/tasks"
 WORK_DIR = "/work"

@@ -2,26 +2,36 @@
 missing or differ.
 
 Every child is applied with the annotation :data:`builders.APPLIED_HASH` (a hash of the manifest
-the operator meant). kopf indexes, one per kind in :data:`INDEXED_KINDS`, keep for each child the
-operator manages its applied hash, its version (``metadata.generation`` where the kind has one,
-else ``resourceVersion``) and its uid, fed by kopf's watches. kopf fills every index from its
-initial LIST before any handler runs, so an operator that restarts with a thousand runs resumes
-them without rewriting seventeen thousand unchanged objects.
+the operator meant). One :class:`ChildWatch` per kind in :data:`INDEXED_KINDS` (and per watched
+namespace) lists and then watches the children the operator manages, as *metadata only*
+(``PartialObjectMetadata``: no spec, no status), and keeps for each its applied hash, its version
+(``metadata.generation`` where the kind has one, else ``resourceVersion``), its uid and its run.
+A restart with a thousand runs lists seventeen thousand children in pages of a few hundred small
+objects, and resumes the runs without rewriting them.
 
-A child is skipped when it is in the index, carries the hash of the manifest wanted now and, if
+A child is skipped when it is in the cache, carries the hash of the manifest wanted now and, if
 this process wrote it, has not changed since (someone who edits a Deployment bumps its
-generation: the next spec reconcile writes it back). Anything not known (an index not yet
-attached, a kind not indexed, a child deleted) is written, so the cache can cost a write but
-never lose one.
+generation: the next spec reconcile writes it back). Anything not known (a cache not listed yet,
+a kind not cached, a child deleted) is written, so the cache can cost a write but never lose one.
+A reconcile waits for the first listing a bounded time (:data:`SYNC_WAIT_S`), then writes.
+
+A child deleted while its run lives is reported (``on_deleted``) so the run makes it again; a
+watch that falls too far behind (410 Gone) lists again, and children missing from the new list
+are reported the same way, so no deletion is lost while a watch was down.
 """
 
 from __future__ import annotations
 
+import asyncio
+import fnmatch
+import logging
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 from wmrl_operator import builders
-from wmrl_operator.kube import PLURALS
+from wmrl_operator.kube import ApiError
+
+log = logging.getLogger("wmrl.operator")
 
 INDEXED_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "ConfigMap"), ("v1", "Service"), ("v1", "ServiceAccount"),
@@ -31,28 +41,28 @@ INDEXED_KINDS: tuple[tuple[str, str], ...] = (
 """Kinds of child the operator applies on every spec reconcile (the trainer Job is applied only
 when it is absent, and its Secret is create-only)."""
 
+SYNC_WAIT_S = 60.0
+"""How long a reconcile waits for the caches' first listing before it writes without them."""
+PAGE = 500
+"""Objects per page of a listing (metadata only: a few kB each)."""
+RETRY_S = 2.0
+
+OnDeleted = Callable[[str, str], Awaitable[None]]  # (namespace, run)
+
 
 @dataclass(frozen=True)
 class Seen:
     applied_hash: Optional[str]
     version: str
     uid: str
-
-
-def index_id(api_version: str, kind: str) -> str:
-    """The kopf index (handler id, and the keyword handlers receive it by) of one kind."""
-    return f"wmrl_children_{PLURALS[(api_version, kind)]}"
+    run: Optional[str] = None
 
 
 def seen(meta: Mapping[str, Any]) -> Seen:
     annotations = meta.get("annotations") or {}
     version = meta.get("generation") or meta.get("resourceVersion") or ""
-    return Seen(annotations.get(builders.APPLIED_HASH), str(version), str(meta.get("uid") or ""))
-
-
-def index_entry(namespace: str, name: str, meta: Mapping[str, Any], **_: Any) -> dict[tuple[str, str], Seen]:
-    """The kopf indexing function: one entry per child, keyed by (namespace, name)."""
-    return {(namespace, name): seen(meta)}
+    return Seen(annotations.get(builders.APPLIED_HASH), str(version), str(meta.get("uid") or ""),
+                (meta.get("labels") or {}).get(builders.RUN_LABEL))
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -60,29 +70,145 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
     return obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
 
 
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class ChildWatch:
+    """The operator's children of one kind in one namespace (``None``: every namespace, optionally
+    only those matching ``patterns``), listed and then watched as metadata."""
+
+    def __init__(self, kube: Any, api_version: str, kind: str, namespace: Optional[str] = None,
+                 patterns: Sequence[str] = (), on_deleted: Optional[OnDeleted] = None, watch_timeout: int = 300):
+        self.kube, self.api_version, self.kind, self.namespace = kube, api_version, kind, namespace
+        self.patterns, self.on_deleted, self.watch_timeout = tuple(patterns), on_deleted, watch_timeout
+        self.entries: dict[tuple[str, str], Seen] = {}
+        self.synced = asyncio.Event()
+
+    def covers(self, namespace: str) -> bool:
+        if self.namespace is not None:
+            return namespace == self.namespace
+        return not self.patterns or any(fnmatch.fnmatchcase(namespace, p) for p in self.patterns)
+
+    async def run(self) -> None:
+        """List, then watch from the list's version; list again whenever the watch expires or fails."""
+        while True:
+            try:
+                version = await self.relist()
+                while True:
+                    version = await self._watch(version)
+            except asyncio.CancelledError:
+                raise
+            except _Expired:
+                continue
+            except Exception as exc:  # noqa: BLE001 - the apiserver away, RBAC not there yet: retry
+                log.warning("children watch failed: %s", exc, extra={"kind": self.kind, "namespace": self.namespace})
+                await asyncio.sleep(RETRY_S)
+
+    async def relist(self) -> str:
+        """Replace the cache by a fresh listing; report the children that went away meanwhile."""
+        entries: dict[tuple[str, str], Seen] = {}
+        token: Optional[str] = None
+        while True:
+            page = await self.kube.list_metadata(self.api_version, self.kind, self.namespace,
+                                                 label_selector=builders.MANAGED_BY_SELECTOR, limit=PAGE,
+                                                 continue_token=token)
+            for item in page.get("items") or []:
+                meta = item.get("metadata") or {}
+                if self.covers(meta.get("namespace", "")):
+                    entries[(meta["namespace"], meta["name"])] = seen(meta)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+        gone = [(key, value) for key, value in self.entries.items() if key not in entries]
+        self.entries = entries
+        self.synced.set()
+        for (namespace, _), value in gone:
+            await self._deleted(namespace, value)
+        return str((page.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _watch(self, version: str) -> str:
+        async for event in self.kube.watch_metadata(self.api_version, self.kind, self.namespace,
+                                                    label_selector=builders.MANAGED_BY_SELECTOR,
+                                                    resource_version=version, timeout_s=self.watch_timeout):
+            kind, obj = event.get("type"), event.get("object") or {}
+            meta = obj.get("metadata") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise _Expired()
+                raise ApiError(int(obj.get("code") or 500), obj)
+            version = str(meta.get("resourceVersion") or version)
+            if kind == "BOOKMARK" or not self.covers(meta.get("namespace", "")):
+                continue
+            key = (meta["namespace"], meta["name"])
+            if kind == "DELETED":
+                value = self.entries.pop(key, None) or seen(meta)
+                await self._deleted(meta["namespace"], value)
+            else:
+                self.entries[key] = seen(meta)
+        return version
+
+    async def _deleted(self, namespace: str, value: Seen) -> None:
+        if self.on_deleted is not None and value.run:
+            try:
+                await self.on_deleted(namespace, value.run)
+            except Exception as exc:  # noqa: BLE001 - the run's next event or the resync catches up
+                log.warning("reconcile after a child's deletion failed: %s", exc,
+                            extra={"run": value.run, "namespace": namespace})
+
+
 class Children:
-    """Lookups in kopf's indexes plus what this process wrote (see the module docstring)."""
+    """Lookups in the children caches plus what this process wrote (see the module docstring).
+
+    Without :meth:`start` (the cache disabled) nothing is known and every child is written.
+    """
 
     def __init__(self) -> None:
-        self._indexes: dict[tuple[str, str], Mapping[tuple[str, str], Any]] = {}
+        self.watches: dict[tuple[str, str], list[ChildWatch]] = {}
+        self._tasks: list[asyncio.Task] = []
         # Per (namespace, run label): the version of each child right after this process wrote it.
         self._written: dict[tuple[str, str], dict[tuple[str, str, str, str], str]] = {}
 
-    def attach(self, indexes: Mapping[str, Any]) -> None:
-        """Take kopf's indexes from a handler's keyword arguments (missing ones stay unknown)."""
+    def add(self, watch: ChildWatch) -> ChildWatch:
+        self.watches.setdefault((watch.api_version, watch.kind), []).append(watch)
+        return watch
+
+    def start(self, kube: Any, namespaces: Sequence[str] = (), on_deleted: Optional[OnDeleted] = None,
+              watch_timeout: int = 300) -> None:
+        """Watch every kind of :data:`INDEXED_KINDS`: per namespace when ``namespaces`` names them,
+        else cluster-wide (filtered by ``namespaces`` when they are patterns, as kopf's are)."""
+        literal = bool(namespaces) and not any(set(n) & set("*?[!") for n in namespaces)
+        scopes: list[tuple[Optional[str], Sequence[str]]] = (
+            [(n, ()) for n in namespaces] if literal else [(None, tuple(namespaces))])
         for api_version, kind in INDEXED_KINDS:
-            index = indexes.get(index_id(api_version, kind))
-            if index is not None:
-                self._indexes[(api_version, kind)] = index
+            for namespace, patterns in scopes:
+                watch = self.add(ChildWatch(kube, api_version, kind, namespace, patterns, on_deleted, watch_timeout))
+                self._tasks.append(asyncio.create_task(watch.run(), name=f"children-{kind}-{namespace or '*'}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def ready(self, timeout: float = SYNC_WAIT_S) -> bool:
+        """Wait (at most ``timeout``) until every cache has its first listing; whether they all have."""
+        pending = [w.synced.wait() for ws in self.watches.values() for w in ws if not w.synced.is_set()]
+        if not pending:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     def current(self, obj: Mapping[str, Any]) -> Optional[Seen]:
-        """What the watch last reported of ``obj``'s name and kind; None when absent or not indexed."""
+        """What the watch last reported of ``obj``'s name and kind; None when absent or not cached."""
         api_version, kind, namespace, name = _key(obj)
-        index = self._indexes.get((api_version, kind))
-        if index is None or (namespace, name) not in index:
-            return None
-        values = list(index[(namespace, name)])
-        return values[0] if len(values) == 1 else None
+        for watch in self.watches.get((api_version, kind), ()):
+            if watch.synced.is_set() and watch.covers(namespace):
+                return watch.entries.get((namespace, name))
+        return None
 
     def unchanged(self, obj: Mapping[str, Any]) -> Optional[Seen]:
         """The live child when it already is ``obj`` (a stamped manifest), else None: write it."""

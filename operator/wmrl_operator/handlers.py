@@ -2,9 +2,9 @@
 
 - WMRLRun create/update/resume -> full reconcile (re-apply every child);
 - trainer Job events (label ``wmrl.dev/run``) -> status reconcile of the owning run;
-- with ``cache_children``: kopf indexes of the other children (``children.py``), so a reconcile
-  writes only the children that are missing or differ; a child deleted by hand -> full reconcile
-  of its run (made again);
+- with ``cache_children`` (the default): metadata watches of the other children (``children.py``),
+  so a reconcile writes only the children that are missing or differ; a child deleted by hand ->
+  full reconcile of its run (made again);
 - WMRLRun events keep the set of known runs for the periodic resync loop, which handles
   deadlines, TTL, missed events and the sandbox autoscaler, and refreshes status.calibration.
 
@@ -27,8 +27,8 @@ from prometheus_client import Counter, Histogram
 
 from wmrl.api.schema import GROUP, PLURAL, VERSION, field_errors, parse_spec
 from wmrl_operator import children
-from wmrl_operator.builders import MANAGED_BY, RUN_LABEL
-from wmrl_operator.kube import PLURALS, Kube
+from wmrl_operator.builders import RUN_LABEL
+from wmrl_operator.kube import Kube
 from wmrl_operator.reconcile import Reconciler, Settings
 
 log = logging.getLogger("wmrl.operator")
@@ -43,7 +43,9 @@ class Config:
     calibration_interval: float = 30.0
     settings: Settings = field(default_factory=Settings)
     webhook: bool = False
-    cache_children: bool = False  # kopf indexes of the children (children.py); see --cache-children
+    cache_children: bool = True  # metadata watches of the children (children.py); see --no-cache-children
+    namespaces: tuple[str, ...] = ()  # the operator's namespaces (kopf's); () every namespace
+    watch_timeout: int = 300
 
 
 def _temporary(exc: Exception) -> bool:
@@ -97,10 +99,12 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
         kube = Kube()
         timeout = config.settings.calibration_timeout
         known_children = children.Children()
-        known_children.attach(kwargs)
         reconciler = Reconciler(kube, config.settings, children=known_children,
                                 fetch_calibration=lambda url: _fetch_calibration(url, timeout))
-        state["kube"], state["reconciler"] = kube, reconciler
+        state["kube"], state["reconciler"], state["children"] = kube, reconciler, known_children
+        if config.cache_children:
+            known_children.start(kube, config.namespaces, on_deleted=child_deleted,
+                                 watch_timeout=config.watch_timeout)
         state["loop"] = asyncio.create_task(_resync_loop(reconciler, known, config))
 
     @kopf.on.cleanup(registry=registry)
@@ -109,6 +113,9 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        known_children = state.pop("children", None)
+        if known_children is not None:
+            await known_children.stop()
         reconciler = state.pop("reconciler", None)
         if reconciler is not None:
             await reconciler.events.flush()
@@ -131,10 +138,9 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
         else:
             known.add((namespace, name))
 
-    async def child_event(type: Optional[str], labels: dict[str, str], namespace: str, **_: Any) -> None:
+    async def child_deleted(namespace: str, run: str) -> None:
         """A child deleted while its run lives is made again (a run being deleted is not reconciled)."""
-        run = labels.get(RUN_LABEL)
-        if type == "DELETED" and run and (namespace, run) in known:
+        if (namespace, run) in known:
             try:
                 await _run("child", state["reconciler"].reconcile(namespace, run, apply_children=True))
             except kopf.TemporaryError as exc:  # not retried: the next spec event or restart catches up
@@ -148,15 +154,6 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
                 await _run("job", state["reconciler"].reconcile(namespace, run, apply_children=False))
             except kopf.TemporaryError as exc:  # event handlers are not retried: the resync loop catches up
                 log.warning("job event reconcile failed: %s", exc, extra={"run": run, "namespace": namespace})
-
-    for api_version, kind in (children.INDEXED_KINDS if config.cache_children else ()):
-        group, _, version = api_version.rpartition("/")
-        resource = (group, version, PLURALS[(api_version, kind)]) if group else (version, PLURALS[(api_version, kind)])
-        # kopf fills every index from its first LIST before any other handler runs.
-        kopf.index(*resource, id=children.index_id(api_version, kind), labels=MANAGED_BY,
-                   registry=registry)(children.index_entry)
-        kopf.on.event(*resource, id=f"{children.index_id(api_version, kind)}_deleted",
-                      labels={RUN_LABEL: kopf.PRESENT}, registry=registry)(child_event)
 
     if config.webhook:
         # ignore_failures: failurePolicy Ignore — the reconciler validates again, so an operator that is

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 from urllib.parse import quote
 
 import aiohttp
@@ -47,9 +47,17 @@ class ApiError(Exception):
         super().__init__(f"{status}: {message}")
 
 
-def path_for(api_version: str, kind: str, namespace: str, name: Optional[str] = None, subresource: str = "") -> str:
+# Lists and watches of metadata only (name, labels, annotations, versions): no spec, no status.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def path_for(api_version: str, kind: str, namespace: Optional[str], name: Optional[str] = None,
+             subresource: str = "") -> str:
+    """The object's path; with ``namespace`` None, the kind's collection across every namespace."""
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{prefix}/namespaces/{quote(namespace)}/{PLURALS[(api_version, kind)]}"
+    scope = f"/namespaces/{quote(namespace)}" if namespace is not None else ""
+    path = f"{prefix}{scope}/{PLURALS[(api_version, kind)]}"
     if name:
         path += "/" + quote(name)
     if subresource:
@@ -98,10 +106,10 @@ class Kube:
         return headers
 
     async def request(self, method: str, path: str, body: Any = None, params: Optional[dict[str, str]] = None,
-                      content_type: str = "application/json") -> Any:
+                      content_type: str = "application/json", accept: str = "application/json") -> Any:
         data = None if body is None else json.dumps(body)
-        async with self._session.request(method, path.lstrip("/"), data=data, params=params,
-                                         headers=self._headers(content_type)) as resp:
+        headers = {**self._headers(content_type), "Accept": accept}
+        async with self._session.request(method, path.lstrip("/"), data=data, params=params, headers=headers) as resp:
             text = await resp.text()
             try:
                 payload = json.loads(text) if text else None
@@ -130,6 +138,40 @@ class Kube:
         params = {"labelSelector": label_selector} if label_selector else None
         result = await self.request("GET", path_for(api_version, kind, namespace), params=params)
         return result.get("items", [])
+
+    async def list_metadata(self, api_version: str, kind: str, namespace: Optional[str], label_selector: str = "",
+                            limit: int = 500, continue_token: Optional[str] = None) -> dict[str, Any]:
+        """One page of a metadata-only listing (``namespace`` None: every namespace); its
+        ``metadata.continue`` names the next page, its ``metadata.resourceVersion`` the list's version."""
+        params = {"limit": str(limit), **({"labelSelector": label_selector} if label_selector else {}),
+                  **({"continue": continue_token} if continue_token else {})}
+        return await self.request("GET", path_for(api_version, kind, namespace), params=params, accept=METADATA_LIST)
+
+    async def watch_metadata(self, api_version: str, kind: str, namespace: Optional[str], label_selector: str = "",
+                             resource_version: str = "", timeout_s: int = 300) -> AsyncIterator[dict[str, Any]]:
+        """The watch events (``{"type", "object"}``, objects as metadata) from ``resource_version``
+        until the apiserver ends the watch (after ``timeout_s``), with bookmarks."""
+        params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s),
+                  **({"labelSelector": label_selector} if label_selector else {}),
+                  **({"resourceVersion": resource_version} if resource_version else {})}
+        headers = {**self._headers(), "Accept": METADATA}
+        # No read timeout: a quiet watch sends nothing until its next bookmark (about a minute).
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s + 60)
+        async with self._session.get(path_for(api_version, kind, namespace).lstrip("/"), params=params,
+                                     headers=headers, timeout=timeout) as resp:
+            if resp.status >= 400:
+                text = await resp.text()
+                try:
+                    raise ApiError(resp.status, json.loads(text))
+                except ValueError:
+                    raise ApiError(resp.status, text) from None
+            buffer = b""
+            async for chunk in resp.content.iter_any():  # lines of any length (iter_line has a limit)
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]

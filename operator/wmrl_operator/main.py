@@ -79,10 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--webhook-host", default=os.environ.get("WMRL_WEBHOOK_HOST"),
                         help="DNS name the apiserver uses to reach the webhook (e.g. wmrl-operator.wmrl-system.svc)")
     parser.add_argument("--webhook-port", type=int, default=9443)
-    parser.add_argument("--cache-children", action="store_true",
-                        help="watch the runs' children (kopf indexes) to write only those that are missing or differ "
-                             "and to remake deleted ones at once; off by default: kopf's start-up listing of every "
-                             "child took over 12 minutes with 1000 runs on 2 cores (docs/operator.md)")
+    parser.add_argument("--cache-children", action=argparse.BooleanOptionalAction, default=True,
+                        help="watch the runs' children (metadata only) to write only those that are missing or "
+                             "differ and to remake deleted ones at once (default: on; docs/operator.md)")
     parser.add_argument("--image", default=os.environ.get("WMRL_OPERATOR_IMAGE"),
                         help="image for calibration services (default: the operator's own image)")
     parser.add_argument("--resync-interval", type=float, default=10.0,
@@ -166,7 +165,8 @@ def main(args: argparse.Namespace) -> int:
     config = Config(resync_interval=args.resync_interval, calibration_interval=args.calibration_interval,
                     settings=Settings(operator_image=args.image or DEFAULT_OPERATOR_IMAGE,
                                       max_concurrent=concurrency), webhook=args.webhook,
-                    cache_children=args.cache_children)
+                    cache_children=args.cache_children, namespaces=tuple(namespaces),
+                    watch_timeout=args.watch_timeout)
     registry = kopf.OperatorRegistry()
     register(registry, config)
     logging.getLogger("wmrl.operator").info(

@@ -59,7 +59,7 @@ class Reconciler:
     def __init__(self, kube: Kube, settings: Settings = Settings(),
                  fetch_calibration: Optional[CalibrationFetch] = None, children: Optional[Children] = None):
         self.kube = kube
-        self.children = children or Children()  # with no kopf indexes attached, every child is written
+        self.children = children or Children()  # with no cache started, every child is written
         self.settings = settings
         self.events = EventRecorder(kube)
         self.fetch_calibration = fetch_calibration
@@ -360,6 +360,7 @@ class Reconciler:
         """Apply ``obj`` unless the live child already is it (``children.Children``): the object's
         metadata (at least its uid) either way."""
         obj = builders.stamped(obj)
+        await self.children.ready()  # the caches' first listing (bounded): a restart resumes without rewriting
         live = self.children.unchanged(obj)
         if live is not None:
             CHILD_WRITES.labels(obj["kind"], "skipped").inc()

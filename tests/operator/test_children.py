@@ -1,8 +1,8 @@
 """The applied-hash stamp and the decision to skip a write (``children.Children``), without a cluster.
 
-The indexes here are plain mappings of (namespace, name) -> [Seen], the shape kopf's Index has
-(a key maps to a store of the values the indexing function returned); the real kopf indexes are
-exercised by tests/operator/test_children_cache_cluster.py.
+The caches here are filled by hand (a watch never started, its first listing marked done); the
+real list and watch are exercised against the apiserver by tests/operator/test_children_watch_cluster.py
+and, through the operator, by tests/operator/test_children_cache_cluster.py.
 """
 
 import copy
@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from wmrl.api.schema import parse_spec
 from wmrl_operator import builders as b
-from wmrl_operator.children import INDEXED_KINDS, Children, Seen, index_entry, index_id
+from wmrl_operator.children import INDEXED_KINDS, ChildWatch, Children, Seen, seen
 
 RUN = b.Run("demo", "ns1", "uid-1")
 SPEC = parse_spec({"policy": {"model": "Qwen/Qwen3-4B"}, "tasks": {"builtin": "mini-ml"}})
@@ -24,8 +24,10 @@ def sandbox():
 def children_with(obj, version="3", applied_hash=None, uid="u-1"):
     stamp = b.stamped(obj)["metadata"]["annotations"][b.APPLIED_HASH] if applied_hash is None else applied_hash
     known = Children()
-    index = {(obj["metadata"]["namespace"], obj["metadata"]["name"]): [Seen(stamp, version, uid)]}
-    known.attach({index_id("apps/v1", "Deployment"): index})
+    watch = known.add(ChildWatch(None, "apps/v1", "Deployment"))
+    watch.synced.set()
+    index = watch.entries
+    index[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = Seen(stamp, version, uid)
     return known, index
 
 
@@ -81,13 +83,29 @@ def test_a_child_changed_by_someone_else_after_our_write_is_written_again():
     known.written(obj, {"metadata": {"generation": 3, "uid": "u-1"}})
     assert known.unchanged(obj) is not None
     key = (RUN.namespace, obj["metadata"]["name"])
-    index[key] = [Seen(obj["metadata"]["annotations"][b.APPLIED_HASH], "4", "u-1")]  # edited by hand
+    index[key] = Seen(obj["metadata"]["annotations"][b.APPLIED_HASH], "4", "u-1")  # edited by hand
     assert known.unchanged(obj) is None
     known.forget(RUN.namespace, RUN.name)  # the run is gone: what we wrote is forgotten
     assert known.unchanged(obj) is not None
 
 
-def test_the_index_entry_takes_generation_before_resource_version():
-    meta = {"annotations": {b.APPLIED_HASH: "h"}, "generation": 2, "resourceVersion": "99", "uid": "u"}
-    assert index_entry("ns", "n", meta) == {("ns", "n"): Seen("h", "2", "u")}
-    assert index_entry("ns", "n", {"resourceVersion": "99"}) == {("ns", "n"): Seen(None, "99", "")}
+def test_what_is_kept_takes_generation_before_resource_version():
+    meta = {"annotations": {b.APPLIED_HASH: "h"}, "generation": 2, "resourceVersion": "99", "uid": "u",
+            "labels": {b.RUN_LABEL: "demo"}}
+    assert seen(meta) == Seen("h", "2", "u", "demo")
+    assert seen({"resourceVersion": "99"}) == Seen(None, "99", "")
+
+
+def test_a_cache_not_listed_yet_knows_nothing():
+    obj = sandbox()
+    known, _ = children_with(obj)
+    known.watches[("apps/v1", "Deployment")][0].synced.clear()
+    assert known.unchanged(obj) is None
+
+
+def test_a_namespaced_watch_answers_only_for_its_namespace():
+    watch = ChildWatch(None, "v1", "Service", namespace="a")
+    assert watch.covers("a") and not watch.covers("b")
+    patterned = ChildWatch(None, "v1", "Service", patterns=("team-*",))
+    assert patterned.covers("team-x") and not patterned.covers("other")
+    assert ChildWatch(None, "v1", "Service").covers("anything")
