@@ -84,6 +84,7 @@ class ChildWatch:
         self.patterns, self.on_deleted, self.watch_timeout = tuple(patterns), on_deleted, watch_timeout
         self.entries: dict[tuple[str, str], Seen] = {}
         self.synced = asyncio.Event()
+        self._reporting: set[asyncio.Task] = set()  # on_deleted calls in flight (the watch never waits on them)
 
     def covers(self, namespace: str) -> bool:
         if self.namespace is not None:
@@ -150,11 +151,15 @@ class ChildWatch:
 
     async def _deleted(self, namespace: str, value: Seen) -> None:
         if self.on_deleted is not None and value.run:
-            try:
-                await self.on_deleted(namespace, value.run)
-            except Exception as exc:  # noqa: BLE001 - the run's next event or the resync catches up
-                log.warning("reconcile after a child's deletion failed: %s", exc,
-                            extra={"run": value.run, "namespace": namespace})
+            task = asyncio.create_task(self._report(namespace, value.run))
+            self._reporting.add(task)
+            task.add_done_callback(self._reporting.discard)
+
+    async def _report(self, namespace: str, run: str) -> None:
+        try:
+            await self.on_deleted(namespace, run)
+        except Exception as exc:  # noqa: BLE001 - the run's next event or the resync catches up
+            log.warning("reconcile after a child's deletion failed: %s", exc, extra={"run": run, "namespace": namespace})
 
 
 class Children:

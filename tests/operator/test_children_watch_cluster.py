@@ -116,6 +116,7 @@ def test_a_new_listing_reports_children_deleted_while_no_watch_ran(kube, namespa
         assert (namespace, "phantom") in watch.entries
         await asyncio.to_thread(kube.run, "delete", "configmap", "phantom", "-n", namespace)
         await watch.relist()  # as after a 410 Gone or a failed watch
+        await _until(lambda: deleted, "the deletion reported")
         return watch
 
     watch = _with_client(kube, body)
