@@ -171,6 +171,7 @@ class Children:
     def __init__(self) -> None:
         self.watches: dict[tuple[str, str], list[ChildWatch]] = {}
         self._tasks: list[asyncio.Task] = []
+        self._sync_deadline: Optional[float] = None  # after it, reconciles stop waiting for a first listing
         # Per (namespace, run label): the version of each child right after this process wrote it.
         self._written: dict[tuple[str, str], dict[tuple[str, str, str, str], str]] = {}
 
@@ -191,18 +192,24 @@ class Children:
                 self._tasks.append(asyncio.create_task(watch.run(), name=f"children-{kind}-{namespace or '*'}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        reporting = [t for ws in self.watches.values() for w in ws for t in w._reporting]
+        for task in (*self._tasks, *reporting):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *reporting, return_exceptions=True)
         self._tasks.clear()
 
     async def ready(self, timeout: float = SYNC_WAIT_S) -> bool:
-        """Wait (at most ``timeout``) until every cache has its first listing; whether they all have."""
+        """Wait until every cache has its first listing, at most ``timeout`` after the first call in
+        all (a cache that can never list, say forbidden, costs the first reconciles that wait, not
+        every reconcile); whether they all have."""
         pending = [w.synced.wait() for ws in self.watches.values() for w in ws if not w.synced.is_set()]
         if not pending:
             return True
+        loop = asyncio.get_running_loop()
+        if self._sync_deadline is None:
+            self._sync_deadline = loop.time() + timeout
         try:
-            await asyncio.wait_for(asyncio.gather(*pending), timeout)
+            await asyncio.wait_for(asyncio.gather(*pending), max(0.0, self._sync_deadline - loop.time()))
             return True
         except asyncio.TimeoutError:
             return False

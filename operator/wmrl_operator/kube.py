@@ -86,15 +86,28 @@ class Kube:
             ctx.verify_mode = ssl.CERT_NONE
         if self.cfg.cert_file:
             ctx.load_cert_chain(self.cfg.cert_file, self.cfg.key_file)
+        self._ssl, self._base_url = ctx, self.cfg.host.rstrip("/") + "/"
         self._session = aiohttp.ClientSession(
-            base_url=self.cfg.host.rstrip("/") + "/",
+            base_url=self._base_url,
             connector=aiohttp.TCPConnector(ssl=ctx, limit=64),
             # Per-request socket timeouts, not a total one: waiting for a pooled connection is not an error.
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout),
         )
 
+        self._watch_session: Optional[aiohttp.ClientSession] = None  # watches: their own connections
+
     async def close(self) -> None:
         await self._session.close()
+        if self._watch_session is not None:
+            await self._watch_session.close()
+
+    def _watches(self) -> aiohttp.ClientSession:
+        """A session for long-lived watches, without a connection limit: 7 watches per namespace must
+        never take the connections that applies and status patches need."""
+        if self._watch_session is None:
+            self._watch_session = aiohttp.ClientSession(base_url=self._base_url,
+                                                        connector=aiohttp.TCPConnector(ssl=self._ssl, limit=0))
+        return self._watch_session
 
     def _headers(self, content_type: str = "application/json") -> dict[str, str]:
         if self.cfg.refresh_api_key_hook is not None:
@@ -157,7 +170,7 @@ class Kube:
         headers = {**self._headers(), "Accept": METADATA}
         # No read timeout: a quiet watch sends nothing until its next bookmark (about a minute).
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s + 60)
-        async with self._session.get(path_for(api_version, kind, namespace).lstrip("/"), params=params,
+        async with self._watches().get(path_for(api_version, kind, namespace).lstrip("/"), params=params,
                                      headers=headers, timeout=timeout) as resp:
             if resp.status >= 400:
                 text = await resp.text()
