@@ -125,7 +125,7 @@ class ChildWatch:
         self.entries = entries
         self.synced.set()
         for (namespace, _), value in gone:
-            await self._deleted(namespace, value)
+            self._deleted(namespace, value)
         return str((page.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _watch(self, version: str) -> str:
@@ -144,12 +144,13 @@ class ChildWatch:
             key = (meta["namespace"], meta["name"])
             if kind == "DELETED":
                 value = self.entries.pop(key, None) or seen(meta)
-                await self._deleted(meta["namespace"], value)
+                self._deleted(meta["namespace"], value)
             else:
                 self.entries[key] = seen(meta)
         return version
 
-    async def _deleted(self, namespace: str, value: Seen) -> None:
+    def _deleted(self, namespace: str, value: Seen) -> None:
+        """Report a child gone (a task: the watch never waits on the reconcile it starts)."""
         if self.on_deleted is not None and value.run:
             task = asyncio.create_task(self._report(namespace, value.run))
             self._reporting.add(task)

@@ -37,6 +37,14 @@ PLURALS: dict[tuple[str, str], str] = {
 }
 
 
+def _decoded(text: str) -> Any:
+    """An answer's body: its JSON, else the text itself (None when empty)."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return text
+
+
 class ApiError(Exception):
     """A non-2xx answer from the apiserver."""
 
@@ -123,11 +131,7 @@ class Kube:
         data = None if body is None else json.dumps(body)
         headers = {**self._headers(content_type), "Accept": accept}
         async with self._session.request(method, path.lstrip("/"), data=data, params=params, headers=headers) as resp:
-            text = await resp.text()
-            try:
-                payload = json.loads(text) if text else None
-            except ValueError:
-                payload = text
+            payload = _decoded(await resp.text())
             if resp.status >= 400:
                 raise ApiError(resp.status, payload)
             return payload
@@ -173,11 +177,7 @@ class Kube:
         async with self._watches().get(path_for(api_version, kind, namespace).lstrip("/"), params=params,
                                      headers=headers, timeout=timeout) as resp:
             if resp.status >= 400:
-                text = await resp.text()
-                try:
-                    raise ApiError(resp.status, json.loads(text))
-                except ValueError:
-                    raise ApiError(resp.status, text) from None
+                raise ApiError(resp.status, _decoded(await resp.text()))
             buffer = b""
             async for chunk in resp.content.iter_any():  # lines of any length (iter_line has a limit)
                 buffer += chunk

@@ -916,14 +916,19 @@ def _namespace_init(info_fd: int, parent: int, timeout: float = 10.0) -> Optiona
             except ProcessLookupError:  # already gone, and its namespace with it
                 return None
             fields = _stat_fields(pid)
-            with selectors.DefaultSelector() as alive:  # a pidfd is readable once its process has exited
-                alive.register(pidfd, selectors.EVENT_READ)
-                exited = bool(alive.select(0))
-            if fields is None or int(fields[1]) != parent or exited:
+            if fields is None or int(fields[1]) != parent or pidfd_exited(pidfd):
                 os.close(pidfd)  # reaped before we looked, and its pid reused (or ended): never signal it
                 return None
             return pidfd
     return None
+
+
+def pidfd_exited(pidfd: int, timeout: float = 0.0) -> bool:
+    """Whether the process behind ``pidfd`` has exited, waiting up to ``timeout`` seconds for it
+    (a pidfd is readable once its process has exited)."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(pidfd, selectors.EVENT_READ)
+        return bool(sel.select(timeout))
 
 
 def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
@@ -934,10 +939,8 @@ def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
         signal.pidfd_send_signal(init_fd, signal.SIGKILL)
     except ProcessLookupError:  # exited already
         pass
-    with selectors.DefaultSelector() as sel:  # a pidfd is readable once its process has exited
-        sel.register(init_fd, selectors.EVENT_READ)
-        if not sel.select(deadline_s):
-            raise RuntimeError("the execution's PID namespace did not end")
+    if not pidfd_exited(init_fd, deadline_s):
+        raise RuntimeError("the execution's PID namespace did not end")
     _reap_orphans()
 
 

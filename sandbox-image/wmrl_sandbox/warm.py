@@ -38,7 +38,6 @@ import importlib
 import json
 import logging
 import os
-import selectors
 import signal
 import socket
 import subprocess
@@ -284,14 +283,13 @@ class WarmChild:
                 self._zygote.busy = False
         return self.returncode
 
-
     def _reap_orphaned(self, timeout: float = 5.0) -> None:
         """With its fork server gone, the child (which dies with it) is re-parented to this server, a
         child subreaper: reap it here, through its pidfd (so never another process that took its pid)."""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._pidfd, selectors.EVENT_READ)
-            if not sel.select(timeout):
-                return  # still alive: the caller's cleanup (by uid, or the namespace) ends it
+        from wmrl_sandbox.executor import pidfd_exited
+
+        if not pidfd_exited(self._pidfd, timeout):
+            return  # still alive: the caller's cleanup (by uid, or the namespace) ends it
         with contextlib.suppress(ChildProcessError, OSError):  # not ours: someone else reaps it
             os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
 
