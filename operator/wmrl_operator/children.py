@@ -23,10 +23,14 @@ are reported the same way, so no deletion is lost while a watch was down.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
+import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
+
+# kopf's own namespace matching (kopf is pinned): the caches must cover exactly the namespaces that
+# kopf serves, exclusions ("!team-*") and comma lists included.
+from kopf._cogs.structs.references import match_namespace, select_specific_namespaces
 
 from wmrl_operator import builders
 from wmrl_operator.kube import ApiError
@@ -45,7 +49,10 @@ SYNC_WAIT_S = 60.0
 """How long a reconcile waits for the caches' first listing before it writes without them."""
 PAGE = 500
 """Objects per page of a listing (metadata only: a few kB each)."""
-RETRY_S = 2.0
+RETRY_S = (1.0, 30.0)
+"""A failed list or watch is retried after a delay that doubles from the first to the second
+figure (with jitter, so a thousand-run restart does not hit a recovering apiserver in step);
+a listing that succeeds starts again from the first."""
 
 OnDeleted = Callable[[str, str], Awaitable[None]]  # (namespace, run)
 
@@ -76,7 +83,7 @@ class _Expired(Exception):
 
 class ChildWatch:
     """The operator's children of one kind in one namespace (``None``: every namespace, optionally
-    only those matching ``patterns``), listed and then watched as metadata."""
+    only those matching one of kopf's namespace ``patterns``), listed and then watched as metadata."""
 
     def __init__(self, kube: Any, api_version: str, kind: str, namespace: Optional[str] = None,
                  patterns: Sequence[str] = (), on_deleted: Optional[OnDeleted] = None, watch_timeout: int = 300):
@@ -89,13 +96,15 @@ class ChildWatch:
     def covers(self, namespace: str) -> bool:
         if self.namespace is not None:
             return namespace == self.namespace
-        return not self.patterns or any(fnmatch.fnmatchcase(namespace, p) for p in self.patterns)
+        return not self.patterns or any(match_namespace(namespace, p) for p in self.patterns)
 
     async def run(self) -> None:
         """List, then watch from the list's version; list again whenever the watch expires or fails."""
+        failures = 0
         while True:
             try:
                 version = await self.relist()
+                failures = 0
                 while True:
                     version = await self._watch(version)
             except asyncio.CancelledError:
@@ -103,8 +112,11 @@ class ChildWatch:
             except _Expired:
                 continue
             except Exception as exc:  # noqa: BLE001 - the apiserver away, RBAC not there yet: retry
-                log.warning("children watch failed: %s", exc, extra={"kind": self.kind, "namespace": self.namespace})
-                await asyncio.sleep(RETRY_S)
+                delay = retry_delay(failures)
+                failures += 1
+                log.warning("children watch failed (retry in %.1f s): %s", delay, exc,
+                            extra={"kind": self.kind, "namespace": self.namespace})
+                await asyncio.sleep(delay)
 
     async def relist(self) -> str:
         """Replace the cache by a fresh listing; report the children that went away meanwhile."""
@@ -163,6 +175,14 @@ class ChildWatch:
             log.warning("reconcile after a child's deletion failed: %s", exc, extra={"run": run, "namespace": namespace})
 
 
+def retry_delay(failures: int) -> float:
+    """The wait after ``failures`` earlier failures in a row: a ceiling doubling from :data:`RETRY_S`'s
+    first figure to its second, the wait drawn from its upper half (full jitter could retry at once)."""
+    first, cap = RETRY_S
+    ceiling = min(cap, first * 2 ** min(failures, 32))
+    return random.uniform(ceiling / 2, ceiling)
+
+
 class Children:
     """Lookups in the children caches plus what this process wrote (see the module docstring).
 
@@ -184,7 +204,7 @@ class Children:
               watch_timeout: int = 300) -> None:
         """Watch every kind of :data:`INDEXED_KINDS`: per namespace when ``namespaces`` names them,
         else cluster-wide (filtered by ``namespaces`` when they are patterns, as kopf's are)."""
-        literal = bool(namespaces) and not any(set(n) & set("*?[!") for n in namespaces)
+        literal = bool(namespaces) and len(select_specific_namespaces(namespaces)) == len(set(namespaces))
         scopes: list[tuple[Optional[str], Sequence[str]]] = (
             [(n, ()) for n in namespaces] if literal else [(None, tuple(namespaces))])
         for api_version, kind in INDEXED_KINDS:

@@ -319,6 +319,7 @@ class Reconciler:
         """Apply every child; ``may_prune``: delete the ones the spec no longer wants (only a changed
         spec can make one unwanted, so a run at generation 1 skips the two LISTs)."""
         calibration = builders.needs_calibration(spec) and not skip_calibration
+        await self.children.ready()  # the caches' first listing (bounded): a restart resumes without rewriting
         state_uid = None
         if calibration and builders.calibration_shared(spec):
             # A shared calibration's state ConfigMap owns the rest of it: it comes first, for its uid.
@@ -360,7 +361,6 @@ class Reconciler:
         """Apply ``obj`` unless the live child already is it (``children.Children``): the object's
         metadata (at least its uid) either way."""
         obj = builders.stamped(obj)
-        await self.children.ready()  # the caches' first listing (bounded): a restart resumes without rewriting
         live = self.children.unchanged(obj)
         if live is not None:
             CHILD_WRITES.labels(obj["kind"], "skipped").inc()

@@ -5,13 +5,15 @@ real list and watch are exercised against the apiserver by tests/operator/test_c
 and, through the operator, by tests/operator/test_children_cache_cluster.py.
 """
 
+import asyncio
 import copy
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from wmrl.api.schema import parse_spec
 from wmrl_operator import builders as b
-from wmrl_operator.children import INDEXED_KINDS, ChildWatch, Children, Seen, seen
+from wmrl_operator.children import INDEXED_KINDS, RETRY_S, ChildWatch, Children, Seen, retry_delay, seen
 
 RUN = b.Run("demo", "ns1", "uid-1")
 SPEC = parse_spec({"policy": {"model": "Qwen/Qwen3-4B"}, "tasks": {"builtin": "mini-ml"}})
@@ -109,3 +111,41 @@ def test_a_namespaced_watch_answers_only_for_its_namespace():
     patterned = ChildWatch(None, "v1", "Service", patterns=("team-*",))
     assert patterned.covers("team-x") and not patterned.covers("other")
     assert ChildWatch(None, "v1", "Service").covers("anything")
+
+
+def test_kopf_namespace_patterns_decide_what_a_cluster_wide_watch_covers():
+    excluding = ChildWatch(None, "v1", "Service", patterns=("!kube-*",))
+    assert excluding.covers("team-a") and not excluding.covers("kube-system")
+    listed = ChildWatch(None, "v1", "Service", patterns=("team-*,!team-test",))
+    assert listed.covers("team-a") and not listed.covers("team-test") and not listed.covers("other")
+    either = ChildWatch(None, "v1", "Service", patterns=("a", "b-*"))
+    assert either.covers("a") and either.covers("b-1") and not either.covers("c")
+
+
+@pytest.mark.parametrize("namespaces,scopes", [
+    (("a", "b"), {"a", "b"}),          # literal names: one watch per namespace
+    (("a", "team-*"), {None}),         # any pattern: one cluster-wide watch, filtered
+    (("!kube-system",), {None}),       # an exclusion is a pattern too
+    (("a,b",), {None}),                # so is a comma list
+    ((), {None}),                      # every namespace
+])
+def test_start_watches_literal_namespaces_each_and_patterns_cluster_wide(namespaces, scopes):
+    async def started():
+        known = Children()
+        known.start(None, namespaces)  # no apiserver: the watches fail and retry until stopped
+        try:
+            return {kind: {w.namespace for w in ws} for (_, kind), ws in known.watches.items()}
+        finally:
+            await known.stop()
+
+    watched = asyncio.run(started())
+    assert set(watched) == {kind for _, kind in INDEXED_KINDS}
+    assert all(found == scopes for found in watched.values())
+
+
+@given(st.integers(min_value=0, max_value=200))
+def test_retries_back_off_from_the_first_delay_to_the_cap_with_jitter(failures):
+    first, cap = RETRY_S
+    ceiling = min(cap, first * 2 ** failures)
+    delays = [retry_delay(failures) for _ in range(20)]
+    assert all(ceiling / 2 <= d <= ceiling for d in delays)
