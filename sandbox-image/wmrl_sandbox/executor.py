@@ -66,6 +66,7 @@ _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _PR_SET_DUMPABLE = 4
+_PR_SET_PDEATHSIG = 1
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 

@@ -34,7 +34,8 @@ from typing import Iterable, Optional
 
 # The same calls and constants as root mode's isolation.
 from wmrl_sandbox.executor import (_CLONE_NEWIPC, _CLONE_NEWNET, _CLONE_NEWNS, _MS_BIND, _MS_NODEV, _MS_NOSUID,
-                                   _MS_PRIVATE, _MS_REC, _libc, _mount, _unshare)
+                                   _MS_PRIVATE, _MS_REC, _PR_SET_PDEATHSIG, _libc, _mount,
+                                   _unshare)
 
 INSIDE_UID = 1000
 BWRAP_ENV = "WMRL_BWRAP"  # where bwrap is when it is not on PATH (the tests' cached copy)
@@ -78,7 +79,7 @@ _ST_TO_MS = ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _MOUNT_ATTR_RDONLY = 0x1
 _SYS_MOUNT_SETATTR = 442  # the same number on every architecture (one table for syscalls added since 5.1)
-_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 47, 4
+_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 
 
 class _MountAttr(ctypes.Structure):

@@ -17,10 +17,11 @@ The filter is a classic BPF program built here (no libseccomp): :func:`program` 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import platform
 import struct
+
+from wmrl_sandbox.executor import _libc
 
 # Classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h).
 _LD_W_ABS = 0x20
@@ -105,7 +106,6 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
 def set_no_new_privs() -> None:

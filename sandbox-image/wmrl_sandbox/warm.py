@@ -33,7 +33,6 @@ Where neither holds (no isolation at all), executions start cold; :attr:`WarmSlo
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import logging
@@ -49,6 +48,8 @@ import types
 from dataclasses import asdict
 from typing import Any, Optional
 
+from wmrl_sandbox.executor import _PR_SET_PDEATHSIG, _libc
+
 WARM_MODULES: tuple[str, ...] = (
     "numpy", "scipy", "scipy.stats", "pandas", "sklearn", "sklearn.base", "sklearn.datasets", "sklearn.decomposition",
     "sklearn.dummy", "sklearn.ensemble", "sklearn.feature_selection", "sklearn.linear_model", "sklearn.metrics",
@@ -58,7 +59,6 @@ WARM_MODULES: tuple[str, ...] = (
 """Imported by every fork server before it serves (a module that fails to import is skipped and reported)."""
 
 READY_TIMEOUT_S = 120.0
-_PR_SET_PDEATHSIG = 1
 _PR_SET_KEEPCAPS = 8
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The zygote's environment while it imports: one thread per BLAS/OpenMP pool (as executions get), and no
@@ -67,7 +67,6 @@ _ZYGOTE_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THR
                "ARROW_DEFAULT_MEMORY_POOL": "system", "JE_ARROW_MALLOC_CONF": "background_thread:false",
                "MPLBACKEND": "Agg", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                "PATH": "/usr/local/bin:/usr/bin:/bin"}
-_libc = ctypes.CDLL(None, use_errno=True)
 log = logging.getLogger("wmrl.sandbox")
 
 
