@@ -388,8 +388,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reports the modelled cost against the measured wall-clock")
     parser.add_argument("--work-dir", help="keep every run's folder here (default: a temporary folder, removed); "
                                            "run again with the same folder to reuse every run that finished")
+    parser.add_argument("--eval-points", type=int,
+                        help="held-out evaluations per run, at equal fractions of its budget (default: the preset's; "
+                             "fewer is cheaper on the wide space, where each evaluation executes sampled scripts)")
     # For tests: an extra-tiny setting.
-    parser.add_argument("--eval-points", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--group-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--groups-per-step", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--held-out", help=argparse.SUPPRESS)
