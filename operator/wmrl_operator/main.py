@@ -83,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="watch the runs' children (metadata only) to write only those that are missing or "
                              "differ and to remake deleted ones at once (default: on; docs/operator.md)")
     parser.add_argument("--image", default=os.environ.get("WMRL_OPERATOR_IMAGE"),
-                        help="image for calibration services (default: the operator's own image)")
+                        help="image for calibration services (default: env WMRL_OPERATOR_IMAGE, else this "
+                             "release's operator image; the chart passes the image it deploys)")
     parser.add_argument("--resync-interval", type=float, default=10.0,
                         help="seconds between level-triggered passes (deadlines, TTL, autoscaler)")
     parser.add_argument("--calibration-interval", type=float, default=30.0,

@@ -369,7 +369,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", required=True, help="write the results JSON here")
     parser.add_argument("--plot", metavar="PATH", help="write the comparison PNG here")
     parser.add_argument("--markdown", metavar="PATH", help="write the Markdown tables here")
-    parser.add_argument("--seeds", type=int, help="seeds for real, worldModel and wmrlOnline (default: the preset's)")
+    parser.add_argument("--seeds", type=int, help="seeds for worldModel and wmrlOnline; real runs the larger of this and "
+                        "--ablation-seeds, so every ablation seed has its paired real run (default: the preset's)")
     parser.add_argument("--ablation-seeds", type=int, help="seeds for wmrl, none, debias, denoise (default: the preset's)")
     parser.add_argument("--arms", help=f"comma-separated subset of {list(ARMS)} (must include real)")
     parser.add_argument("--bias", help=f"comma-separated judge optimism levels (default: the preset's; pre-registered {BIAS_GRID})")

@@ -298,7 +298,8 @@ class SandboxSpec(_Model):
         "namespaces", description="namespaces: every execution in its own user, PID, network, mount and IPC "
         "namespaces (bubblewrap) under the server's seccomp filter; the server refuses to start unless its self-test "
         "finds every layer holding. Its container runs without the runtime's seccomp profile (which forbids user "
-        "namespaces), so the namespace must allow Pod Security 'baseline'. restricted: the Pod meets Pod Security "
+        "namespaces), which Pod Security 'baseline' refuses: the namespace must allow 'privileged'. restricted: the Pod "
+        "meets Pod Security "
         "'restricted' and executions run without namespaces of their own (pair it with runtimeClassName).")
     scale_down_stabilization_seconds: int = Field(120, ge=0, le=86400)
     client_access: SandboxClientAccess = Field(default_factory=SandboxClientAccess)
