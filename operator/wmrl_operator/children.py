@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 # kopf's own namespace matching (kopf is pinned): the caches must cover exactly the namespaces that
 # kopf serves, exclusions ("!team-*") and comma lists included.
-from kopf._cogs.structs.references import match_namespace, select_specific_namespaces
+from kopf._cogs.structs.references import match_namespace
 
 from wmrl_operator import builders
 from wmrl_operator.kube import ApiError
@@ -92,6 +92,7 @@ class ChildWatch:
         self.entries: dict[tuple[str, str], Seen] = {}
         self.synced = asyncio.Event()
         self._reporting: set[asyncio.Task] = set()  # on_deleted calls in flight (the watch never waits on them)
+        self._watched = False  # the current watch delivered an event (bookmarks included)
 
     def covers(self, namespace: str) -> bool:
         if self.namespace is not None:
@@ -100,18 +101,21 @@ class ChildWatch:
 
     async def run(self) -> None:
         """List, then watch from the list's version; list again whenever the watch expires or fails."""
-        failures = 0
+        failures = 0  # in a row; a listing alone does not end a run of them (LIST allowed, WATCH refused)
         while True:
+            self._watched = False
             try:
                 version = await self.relist()
-                failures = 0
                 while True:
                     version = await self._watch(version)
+                    failures = 0  # a watch that ran its course
             except asyncio.CancelledError:
                 raise
             except _Expired:
                 continue
             except Exception as exc:  # noqa: BLE001 - the apiserver away, RBAC not there yet: retry
+                if self._watched:
+                    failures = 0  # the watch delivered events before it failed
                 delay = retry_delay(failures)
                 failures += 1
                 log.warning("children watch failed (retry in %.1f s): %s", delay, exc,
@@ -151,6 +155,7 @@ class ChildWatch:
                     raise _Expired()
                 raise ApiError(int(obj.get("code") or 500), obj)
             version = str(meta.get("resourceVersion") or version)
+            self._watched = True
             if kind == "BOOKMARK" or not self.covers(meta.get("namespace", "")):
                 continue
             key = (meta["namespace"], meta["name"])
@@ -204,9 +209,11 @@ class Children:
               watch_timeout: int = 300) -> None:
         """Watch every kind of :data:`INDEXED_KINDS`: per namespace when ``namespaces`` names them,
         else cluster-wide (filtered by ``namespaces`` when they are patterns, as kopf's are)."""
-        literal = bool(namespaces) and len(select_specific_namespaces(namespaces)) == len(set(namespaces))
+        unique = list(dict.fromkeys(namespaces))
+        # Plain names only: kopf's matcher strips spaces and reads brackets as fnmatch sets ("team-[ab]").
+        literal = bool(unique) and all(n == n.strip() and not set(n) & set("!*?[],") for n in unique)
         scopes: list[tuple[Optional[str], Sequence[str]]] = (
-            [(n, ()) for n in namespaces] if literal else [(None, tuple(namespaces))])
+            [(n, ()) for n in unique] if literal else [(None, tuple(unique))])
         for api_version, kind in INDEXED_KINDS:
             for namespace, patterns in scopes:
                 watch = self.add(ChildWatch(kube, api_version, kind, namespace, patterns, on_deleted, watch_timeout))

@@ -13,6 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 from wmrl.api.schema import parse_spec
 from wmrl_operator import builders as b
+from wmrl_operator import children as children_module
+from wmrl_operator.kube import ApiError
 from wmrl_operator.children import INDEXED_KINDS, RETRY_S, ChildWatch, Children, Seen, retry_delay, seen
 
 RUN = b.Run("demo", "ns1", "uid-1")
@@ -127,6 +129,9 @@ def test_kopf_namespace_patterns_decide_what_a_cluster_wide_watch_covers():
     (("a", "team-*"), {None}),         # any pattern: one cluster-wide watch, filtered
     (("!kube-system",), {None}),       # an exclusion is a pattern too
     (("a,b",), {None}),                # so is a comma list
+    (("team-[ab]",), {None}),          # and an fnmatch set
+    ((" a",), {None}),                 # kopf strips spaces: not the literal name " a"
+    (("a", "a"), {"a"}),               # a name given twice is watched once
     ((), {None}),                      # every namespace
 ])
 def test_start_watches_literal_namespaces_each_and_patterns_cluster_wide(namespaces, scopes):
@@ -134,13 +139,13 @@ def test_start_watches_literal_namespaces_each_and_patterns_cluster_wide(namespa
         known = Children()
         known.start(None, namespaces)  # no apiserver: the watches fail and retry until stopped
         try:
-            return {kind: {w.namespace for w in ws} for (_, kind), ws in known.watches.items()}
+            return {kind: [w.namespace for w in ws] for (_, kind), ws in known.watches.items()}
         finally:
             await known.stop()
 
     watched = asyncio.run(started())
     assert set(watched) == {kind for _, kind in INDEXED_KINDS}
-    assert all(found == scopes for found in watched.values())
+    assert all(len(found) == len(scopes) and set(found) == scopes for found in watched.values())
 
 
 @given(st.integers(min_value=0, max_value=200))
@@ -149,3 +154,41 @@ def test_retries_back_off_from_the_first_delay_to_the_cap_with_jitter(failures):
     ceiling = min(cap, first * 2 ** failures)
     delays = [retry_delay(failures) for _ in range(20)]
     assert all(ceiling / 2 <= d <= ceiling for d in delays)
+
+
+def test_a_listing_alone_does_not_reset_the_backoff_a_watch_that_delivers_does():
+    """LIST allowed but WATCH refused: every round lists fine and fails at the watch, and the
+    retries must still back off instead of listing every second."""
+    class ListOnly:
+        def __init__(self, deliver):
+            self.deliver, self.watches = deliver, 0
+
+        async def list_metadata(self, *args, **kwargs):
+            return {"items": [], "metadata": {"resourceVersion": "1"}}
+
+        async def watch_metadata(self, *args, **kwargs):
+            self.watches += 1
+            if self.deliver:
+                yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}}
+            raise ApiError(403, {"message": "watch forbidden"})
+
+    async def delays(deliver):
+        slept = []
+
+        async def sleep(seconds):
+            slept.append(seconds)
+            if len(slept) == 6:
+                raise asyncio.CancelledError
+
+        watch = ChildWatch(ListOnly(deliver), "v1", "Service", namespace="a")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(children_module.asyncio, "sleep", sleep)
+            with pytest.raises(asyncio.CancelledError):
+                await watch.run()
+        return slept
+
+    first, cap = RETRY_S
+    growing = asyncio.run(delays(deliver=False))
+    assert growing[-1] >= min(cap, first * 2 ** 5) / 2  # backed off: the sixth wait is long
+    healthy = asyncio.run(delays(deliver=True))
+    assert all(d <= first for d in healthy)  # each watch delivered: every retry starts from the first delay
