@@ -14,8 +14,8 @@ from hypothesis import given, settings, strategies as st
 from wmrl.api.schema import parse_spec
 from wmrl_operator import builders as b
 from wmrl_operator import children as children_module
-from wmrl_operator.kube import ApiError
 from wmrl_operator.children import INDEXED_KINDS, RETRY_S, ChildWatch, Children, Seen, retry_delay, seen
+from wmrl_operator.kube import ApiError
 
 RUN = b.Run("demo", "ns1", "uid-1")
 SPEC = parse_spec({"policy": {"model": "Qwen/Qwen3-4B"}, "tasks": {"builtin": "mini-ml"}})
