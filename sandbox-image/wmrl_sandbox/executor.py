@@ -617,6 +617,9 @@ def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, out: _Capture, 
 
     A pidfd tells exactly when the main process exits, so a fast program is not held back by
     polling, and a daemonized grandchild holding the pipes open cannot stretch the execution.
+    Both pipes closed is not the end: a program may close its streams and go on working, and a
+    namespace's first process reports the program's status only after the pipes have closed
+    (ending the execution there would kill it before it reports).
     """
     captures = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
     with selectors.DefaultSelector() as sel:
@@ -631,7 +634,7 @@ def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, out: _Capture, 
             sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
         view = memoryview(stdin)
         try:
-            while captures:
+            while captures or pidfd is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

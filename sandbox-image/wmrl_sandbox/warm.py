@@ -201,9 +201,9 @@ def _enter_namespaces(job: dict, isolation: Any, limits: Any, info_fd: int) -> N
 
 
 def _run_program(script: str) -> None:  # pragma: no cover - in the child
-    """``python main.py`` from here on: a fresh ``__main__``, the interpreter's tracebacks, and its
-    own exit (``SystemExit`` leaves every frame here, so finalization runs: files are flushed and
-    closed, ``__del__`` and ``atexit`` run, non-daemon threads are joined)."""
+    """``python main.py`` from here on: a fresh ``__main__``, the interpreter's tracebacks, and an
+    exit that does what a program can see of the interpreter's (:func:`_exit`). No frame here
+    keeps the program's namespace alive once it has run, so that exit can release it."""
     import builtins
     import random
 
@@ -211,17 +211,20 @@ def _run_program(script: str) -> None:  # pragma: no cover - in the child
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+    preloaded = frozenset(sys.modules)
     sys.argv = [script]
     sys.path[:] = [os.path.dirname(script)] + sys.path
     main = types.ModuleType("__main__")
     main.__dict__.update({"__file__": script, "__builtins__": builtins, "__cached__": None})
     sys.modules["__main__"] = main
+    del main
+    status: object = None
     try:
         with open(script, "rb") as fh:
             source = fh.read()
-        exec(compile(source, script, "exec", dont_inherit=True), main.__dict__)  # noqa: S102 - this is the sandbox
-    except SystemExit:
-        raise
+        exec(compile(source, script, "exec", dont_inherit=True), sys.modules["__main__"].__dict__)  # noqa: S102
+    except SystemExit as exc:
+        status = exc.code
     except KeyboardInterrupt as exc:  # the interpreter prints it, then dies of SIGINT
         _print_exception(exc)
         for stream in (sys.stdout, sys.stderr):
@@ -231,8 +234,85 @@ def _run_program(script: str) -> None:  # pragma: no cover - in the child
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException as exc:  # noqa: BLE001 - printed like the interpreter does, without this frame
         _print_exception(exc)
-        raise SystemExit(1) from None
-    raise SystemExit(0)
+        status = 1
+    _exit(status, preloaded)
+
+
+def _exit(code: object, preloaded: frozenset) -> None:  # pragma: no cover - in the child
+    """End the execution as the interpreter's exit would, less its teardown of the preloaded stack.
+
+    Tearing down numpy, scipy, pandas and scikit-learn touches the pages the fork server shares
+    with the child, and each touch copies a page: measured, that teardown was most of a warm
+    execution's time (about 100 of 157 ms for an import-and-fit program on a loaded 2-core machine).
+    What a program can observe of ``Py_FinalizeEx`` still happens, in its order: a ``SystemExit``
+    code means what it means to the interpreter; non-daemon threads are joined; ``atexit`` handlers
+    run; the standard streams are flushed (a failure is reported and exits 120); a collection runs;
+    the program's own modules (``__main__`` and every module imported after the fork) leave
+    ``sys.modules`` and are collected, those still alive cleared as CPython clears a module, so
+    files it left open are flushed and closed and its finalizers run with their globals intact
+    where the interpreter's would. Finalizers of objects that the preloaded modules hold are not
+    run (the language never promises them at exit). Tested against the cold path in test_warm.
+    """
+    import atexit
+    import gc
+    import weakref
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        with contextlib.suppress(BaseException):
+            print(code, file=sys.stderr)
+        status = 1
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # what the interpreter's exit calls first
+    atexit._run_exitfuncs()  # prints what a handler raises, as at exit
+    if not _flush_streams(report=True):
+        status = 120
+    gc.collect()
+    alive = []
+    for name in ["__main__", *(name for name in list(sys.modules) if name not in preloaded)]:  # sys.modules' order
+        module = sys.modules.pop(name, None)
+        with contextlib.suppress(TypeError):  # sys.modules may hold objects that take no weak reference
+            alive.append(weakref.ref(module))
+    module = None
+    gc.collect()
+    for ref in reversed(alive):  # the last imported first, __main__ last, as the interpreter does
+        namespace = getattr(ref(), "__dict__", None)
+        if isinstance(namespace, dict):
+            with contextlib.suppress(BaseException):
+                _clear_namespace(namespace)
+        namespace = None
+    gc.collect()
+    _flush_streams(report=False)  # what finalizers printed (the interpreter flushes it when it closes the streams)
+    os._exit(status & 0xFF)
+
+
+def _clear_namespace(namespace: dict) -> None:  # pragma: no cover - in the child
+    """As CPython clears a module's dict at exit: values set to None, one-underscore names first."""
+    for first_pass in (True, False):
+        for name in list(namespace):
+            if name == "__builtins__" or not isinstance(name, str):
+                continue
+            if not first_pass or (name.startswith("_") and not name.startswith("__")):
+                namespace[name] = None
+
+
+def _flush_streams(report: bool) -> bool:  # pragma: no cover - in the child
+    """Flush stdout and stderr; False if one failed, reported (when ``report``) as the interpreter does."""
+    flushed = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception as exc:  # noqa: BLE001 - the interpreter reports it and exits 120
+            flushed = False
+            if report:
+                with contextlib.suppress(BaseException):
+                    sys.stderr.write(f"Exception ignored in: {stream!r}\n"
+                                     + "".join(traceback.format_exception_only(type(exc), exc)))
+    return flushed
 
 
 def _print_exception(exc: BaseException) -> None:  # pragma: no cover - in the child

@@ -68,6 +68,26 @@ PROGRAMS = {
     "unclosed file": ("f = open('out.txt', 'w')\nf.write('written at exit')", {"fetch_files": ["out.txt"]}),
     "finalizers": ("class Noisy:\n    def __del__(self):\n        print('finalized')\nkeep = Noisy()", {}),
     "keyboard interrupt": ("raise KeyboardInterrupt", {}),
+    # The warm exit skips the teardown of the preloaded stack (warm._exit): what a program sees of an exit
+    "exit code past a byte": ("import sys\nsys.exit(257)", {}),
+    "exit with an object": ("import sys\nsys.exit(['a', 1])", {}),
+    "atexit raises": ("import atexit\nclass Bad:\n    def __repr__(self):\n        return 'bad'\n"
+                      "    def __call__(self):\n        raise RuntimeError('in atexit')\n"
+                      "atexit.register(Bad())\natexit.register(print, 'runs first')", {}),
+    "finalizer in a cycle": ("class Noisy:\n    def __del__(self):\n        print('cycle finalized', self.me is self)\n"
+                             "n = Noisy()\nn.me = n\ndel n\nprint('main done')", {}),
+    "finalizer sees its module": ("import sys\nclass Noisy:\n    def __del__(self):\n"
+                                  "        print('sees', type(_hidden).__name__, type(visible).__name__)\n"
+                                  "_hidden = 1\nvisible = 2\nkeep = Noisy()", {}),
+    "unclosed file in a helper module": ("import helper\nhelper.write()", {
+        "files": {"helper.py": base64.b64encode(b"def write():\n    global F\n    F = open('log.txt', 'w')\n"
+                                                b"    F.write('from helper')\n").decode()},
+        "fetch_files": ["log.txt"]}),
+    "stdout closed by the program": ("import sys\nprint('before')\nsys.stdout.close()", {}),
+    "stdout's descriptor closed": ("import os, sys\nsys.stdout.write('lost')\nos.close(1)", {}),
+    "exit from a thread's atexit": ("import atexit, threading\n"
+                                    "atexit.register(lambda: print('atexit after join', t.is_alive()))\n"
+                                    "t = threading.Thread(target=lambda: print('worker'))\nt.start()", {}),
     "stdlib shadowed by files": ("print('ok')", {"files": {
         f"{name}.py": base64.b64encode(f"import os\nos.write(2, b'SHADOWED {name}\\n')\n".encode()).decode()
         for name in ("secrets", "tempfile", "shutil", "resource", "platform", "random", "hashlib", "base64", "json",
@@ -86,6 +106,19 @@ def test_a_warm_execution_answers_as_a_new_interpreter(name, warm, cold):
     answer = _answer(run(warm, code, **fields))
     assert answer == _answer(run(cold, code, **fields))
     assert "SHADOWED" not in answer[4]  # nothing is imported from the request's files before its own imports
+
+
+CLOSES_ITS_STREAMS = ("import os, sys, time\nprint('before', flush=True)\nos.close(1)\nos.close(2)\n"
+                      "time.sleep(0.5)\nopen('done.txt', 'w').write('worked on')\nsys.exit(3)")
+
+
+def test_a_program_that_closes_its_streams_is_not_cut_short(warm, cold, deployed_pair):
+    """Both pipes at end of file is not the end of the execution: the main process's exit is (and a
+    deployed namespace's first process reports the program's status only after the pipes closed)."""
+    for server in (warm, cold, *deployed_pair):
+        res = run(server, CLOSES_ITS_STREAMS, fetch_files=["done.txt"])
+        assert (res["run_result"]["return_code"], res["run_result"]["stdout"]) == (3, "before\n"), res
+        assert base64.b64decode(res["files"]["done.txt"]) == b"worked on"
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +202,12 @@ def test_a_dead_fork_server_is_replaced_and_its_slot_runs_cold_meanwhile():
     with LocalServer(slots=1, args=ARGS) as server:
         [zygote] = _fork_servers_of(server.proc.pid)
         os.kill(zygote, signal.SIGKILL)
+        # Until its exit is complete the server cannot tell it is dying: an execution sent to it then
+        # fails as the sandbox's (SandboxError, retried by the dispatcher). Wait until it is gone.
+        deadline = time.monotonic() + 30
+        while server.healthz()["warm"]["ready"] != 0:
+            assert time.monotonic() < deadline, server.healthz()["warm"]
+            time.sleep(0.05)
         meanwhile = run(server, probe)
         assert meanwhile["status"] == "Success", meanwhile
         assert meanwhile["run_result"]["stdout"].strip() == "False"  # ran cold while its fork server restarts

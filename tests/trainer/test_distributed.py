@@ -88,8 +88,11 @@ def write_config(root: Path, name: str, policy: Path, sandbox_url: str, mode: st
 
 def launch(config: Path, *flags: str, train_args: tuple[str, ...] = (),
            world_model: str = "wmrl_scripted:factory") -> subprocess.Popen:
+    """``wmrl launch``; every process that closes its world model leaves a mark in ``<config>.closed/``."""
+    closed = config.parent / f"{config.stem}.closed"
+    closed.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "WMRL_TEST_CLOSED_DIR": str(closed)}
     cmd = [sys.executable, "-m", "wmrl.cli", "launch", "--config", str(config), *flags, "--",
            "--world-model", world_model, *train_args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -195,6 +198,7 @@ def test_two_processes_grade_the_whole_batch_once_and_agree(setup, mode, max_tur
     out = finish(launch(config, "--nproc-per-node", "2", train_args=("--rollouts", str(root / name))))
     result = summary(out)
     assert result["finished"] and result["steps"] == 2
+    assert len(list((root / f"{name}.closed").iterdir())) == 2  # each process closed its --world-model object
     steps = rollouts(root / name, ranks=2)
     assert sorted(steps) == [0, 1]
     check_rows(steps, ranks=2)

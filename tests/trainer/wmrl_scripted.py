@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
+import os
 import threading
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -121,9 +123,17 @@ def make_tasks(n: int = 3) -> list[Task]:
             for i in range(n)]
 
 
+class ClosingWorldModel(ScriptedWorldModel):
+    """Leaves ``closed-<pid>`` in ``$WMRL_TEST_CLOSED_DIR`` when closed: the tests see that every process closed it."""
+
+    def close(self) -> None:
+        if os.environ.get("WMRL_TEST_CLOSED_DIR"):
+            (Path(os.environ["WMRL_TEST_CLOSED_DIR"]) / f"closed-{os.getpid()}").touch()
+
+
 def factory(spec, runtime) -> ScriptedWorldModel:
     """For ``wmrl train --world-model wmrl_scripted:factory`` (subprocess tests)."""
-    return ScriptedWorldModel(noise=0.1)
+    return ClosingWorldModel(noise=0.1)
 
 
 class FailingWorldModel(ScriptedWorldModel):

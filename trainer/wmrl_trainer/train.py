@@ -672,13 +672,17 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError, ValidationError) as exc:
         print(f"wmrl train: {exc}", file=sys.stderr)
         return 2
-    trainer = build_trainer(config, world_model=world_model, rollouts_dir=args.rollouts)
-    signal.signal(signal.SIGTERM, trainer.request_stop)
     try:
-        summary = trainer.train()
-        trainer.world.close()  # only after success: a failed rank never reaches the barrier
-    finally:
-        trainer.close()
+        trainer = build_trainer(config, world_model=world_model, rollouts_dir=args.rollouts)
+        signal.signal(signal.SIGTERM, trainer.request_stop)
+        try:
+            summary = trainer.train()
+            trainer.world.close()  # only after success: a failed rank never reaches the barrier
+        finally:
+            trainer.close()
+    finally:  # the --world-model factory's object is this function's to close (a multi-process run skips atexit)
+        if callable(getattr(world_model, "close", None)):
+            world_model.close()
     text = json.dumps({"event": "summary", **summary}, default=float)
     if trainer.world.is_main:
         print(text, flush=True)
