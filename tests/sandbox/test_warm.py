@@ -83,6 +83,10 @@ PROGRAMS = {
         "files": {"helper.py": base64.b64encode(b"def write():\n    global F\n    F = open('log.txt', 'w')\n"
                                                 b"    F.write('from helper')\n").decode()},
         "fetch_files": ["log.txt"]}),
+    "logging to a file": ("import logging\nlogging.basicConfig(filename='log.txt')\nlogging.warning('kept')",
+                          {"fetch_files": ["log.txt"]}),
+    "stdout replaced by a file": ("import sys\nsys.stdout = open('out.txt', 'w')\nprint('into the file')",
+                                  {"fetch_files": ["out.txt"]}),
     "stdout closed by the program": ("import sys\nprint('before')\nsys.stdout.close()", {}),
     "stdout's descriptor closed": ("import os, sys\nsys.stdout.write('lost')\nos.close(1)", {}),
     "exit from a thread's atexit": ("import atexit, threading\n"
