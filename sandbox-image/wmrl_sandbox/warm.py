@@ -227,9 +227,7 @@ def _run_program(script: str) -> None:  # pragma: no cover - in the child
         status = exc.code
     except KeyboardInterrupt as exc:  # the interpreter prints it, then dies of SIGINT
         _print_exception(exc)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                stream.flush()
+        _flush_streams(report=False)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException as exc:  # noqa: BLE001 - printed like the interpreter does, without this frame
@@ -306,7 +304,7 @@ def _flush_streams(report: bool) -> bool:  # pragma: no cover - in the child
         try:
             if stream is not None and not stream.closed:
                 stream.flush()
-        except Exception as exc:  # noqa: BLE001 - the interpreter reports it and exits 120
+        except BaseException as exc:  # noqa: BLE001 - the interpreter reports it and exits 120
             flushed = False
             if report:
                 with contextlib.suppress(BaseException):
