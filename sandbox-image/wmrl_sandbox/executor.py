@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
+from wmrl_sandbox import cgroups
+
 SCRIPT_NAME = "main.py"
 WORK_SUBDIR = "work"
 MARKER_ENV = "WMRL_SANDBOX_EXECUTION"
@@ -112,6 +114,10 @@ class ExecutionResult:
     files: dict[str, bytes] = field(default_factory=dict)
     files_truncated: bool = False  # fetched files exceeded Limits.max_fetch_bytes: the rest were left out
     leftover_processes_killed: int = 0
+    # From the execution's cgroup (wmrl_sandbox.cgroups); None where no such controller is used.
+    oom_kills: Optional[int] = None  # processes the kernel killed at the memory limit of the whole execution
+    pids_refused: Optional[int] = None  # forks refused at its task limit
+    memory_peak_mb: Optional[float] = None  # all its processes together
 
 
 def memory_limit_mb(requested: Optional[int], limits: "Limits") -> int:
@@ -519,8 +525,14 @@ def interpreter_root(python: str) -> str:
 
 def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits: Limits,
                   memory_mb: int, run_timeout: float, python: str = sys.executable,
-                  ns_sock: Optional[socket.socket] = None, warm: bool = False, reveal: tuple[str, ...] = ()):
+                  ns_sock: Optional[socket.socket] = None, warm: bool = False, reveal: tuple[str, ...] = (),
+                  cgroup_procs: tuple[str, ...] = (), tasks_in_cgroup: bool = False):
     """The function run in the forked child before exec (root work first, then dropping to ``uid``).
+
+    ``cgroup_procs``: the execution's cgroup (:mod:`wmrl_sandbox.cgroups`), joined first, so
+    every process it starts is born inside its limits. ``tasks_in_cgroup``: the group bounds the
+    execution's tasks (``pids.max``), so RLIMIT_NPROC, which outside root mode counts every
+    process of the server's uid (other executions' too), is left as it is.
 
     The private tmpfs over /tmp and friends would also hide the execution's directory and the
     interpreter's environment when they live there (a checkout under /tmp: every execution failed
@@ -544,9 +556,10 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     address_space = memory_mb << 20
     # RLIMIT_NPROC counts every thread of the real uid: the execution's own uid in root mode;
     # otherwise the server's, so the execution gets its allowance on top of what runs now.
-    nproc = limits.nproc if uid is not None else _tasks_of_uid(os.getuid()) + limits.nproc
+    nproc = limits.nproc if uid is not None else None if tasks_in_cgroup else _tasks_of_uid(os.getuid()) + limits.nproc
 
     def preexec() -> None:  # pragma: no cover - runs in the child
+        cgroups.join(cgroup_procs)
         if uid is not None:
             flags = (_CLONE_NEWNET if isolation.network_namespace else 0) | (
                 _CLONE_NEWNS if isolation.mount_namespace else 0) | (_CLONE_NEWIPC if isolation.ipc_namespace else 0)
@@ -572,7 +585,8 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb << 20, limits.file_size_mb << 20))
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if nproc is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         if uid is not None:
             _drop_to(uid)
             if warm:
@@ -949,11 +963,14 @@ def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
 
 
 def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], isolation: Isolation,
-            limits: Limits = Limits(), python: str = sys.executable, warm: Optional[Any] = None) -> ExecutionResult:
+            limits: Limits = Limits(), python: str = sys.executable, warm: Optional[Any] = None,
+            groups: Optional[cgroups.Cgroups] = None) -> ExecutionResult:
     """Run ``request.code`` as ``python -E -s -B <workdir>/main.py`` in a fresh directory under ``work_root``.
 
     ``warm``: the slot's fork server (:class:`wmrl_sandbox.warm.Zygote`): the program
     runs in a child forked from it, with the same isolation, instead of a new interpreter.
+    ``groups``: the server's cgroups: the execution gets a group of its own with ``memory_mb``
+    and ``limits.nproc`` for all its processes together (and ``groups.cpus`` CPUs).
 
     Blocking (the server runs it in a worker thread). ``uid`` is the slot's dedicated uid in
     root mode, None otherwise. Raises RequestError for an invalid request, and only before
@@ -967,11 +984,14 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
     marker = secrets.token_hex(8)
     exec_dir = Path(tempfile.mkdtemp(prefix="x-", dir=work_root))
     workdir = exec_dir / WORK_SUBDIR
-    proc = None
+    proc = exec_group = None
     ns_fd = info_read = init_fd = None  # root mode's mount namespace; bwrap's info pipe and PID namespace
     start = time.monotonic()
     try:
         _prepare(exec_dir, workdir, request, uid)
+        exec_group = groups.create(memory_mb, limits.nproc) if groups is not None else None
+        cgroup_procs = tuple(exec_group.procs_files) if exec_group is not None else ()
+        tasks_in_cgroup = exec_group is not None and "pids" in exec_group.versions
         out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
         # Root mode with a mount namespace: the child hands over a handle on it (see _make_preexec).
         want_ns = uid is not None and isolation.mount_namespace and bool(request.fetch_files)
@@ -997,7 +1017,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                               "tmpfs_bytes": limits.tmpfs_mb << 20}
                 job = job_message(warm, script=str(workdir / SCRIPT_NAME), workdir=str(workdir), exec_dir=str(exec_dir),
                                   env=_child_env(str(workdir), marker), uid=uid, isolation=isolation, limits=limits,
-                                  memory_mb=memory_mb, run_timeout=run_timeout, python=python, namespaces=layout)
+                                  memory_mb=memory_mb, run_timeout=run_timeout, python=python, namespaces=layout,
+                                  cgroup_procs=cgroup_procs, tasks_in_cgroup=tasks_in_cgroup)
                 extra_fd = info_write if info_write is not None else ns_child.fileno() if ns_child is not None else None
                 try:
                     proc = warm.spawn(job, extra_fd)
@@ -1010,7 +1031,8 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                     cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
                     pass_fds=tuple(fd for fd in (filter_read, info_write) if fd is not None),
                     preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
-                                             ns_sock=ns_child),
+                                             ns_sock=ns_child, cgroup_procs=cgroup_procs,
+                                             tasks_in_cgroup=tasks_in_cgroup),
                 )
             _active_mains.add(proc.pid)  # ours to reap: another execution's orphan reaper leaves it alone
             if ns_parent is not None:
@@ -1041,6 +1063,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
         if init_fd is not None:
             _end_namespace(init_fd)
         return_code = proc.wait()
+        counters = exec_group.end() if exec_group is not None else {}
         _pump(proc, b"", time.monotonic() + 5.0, out, err, until_eof=True)
         if not request.fetch_files:
             files, files_truncated = {}, False
@@ -1059,6 +1082,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
             files=files,
             files_truncated=files_truncated,
             leftover_processes_killed=len(killed - {proc.pid}),
+            **counters,
         )
     except RequestError:  # only from _prepare: nothing has run
         raise
@@ -1087,6 +1111,11 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                         pass
         if init_fd is not None:
             os.close(init_fd)
+        if exec_group is not None and exec_group.ended is None:
+            try:
+                exec_group.end()
+            except (OSError, RuntimeError):
+                pass  # removed with the server's subtree, or by the next server
         _remove(exec_dir)
 
 

@@ -13,7 +13,8 @@ beside the program, importable), ``fetch_files`` [path] (relative to the working
 absolute in the program's own view); ``compile_timeout`` is accepted and ignored. Response:
 ``status`` Success | Failed | SandboxError, ``message``, ``compile_result`` (null),
 ``run_result`` {status Finished | TimeLimitExceeded | Error, execution_time, return_code,
-stdout, stderr, plus stdout_truncated/stderr_truncated}, ``files`` {path: base64},
+stdout, stderr, plus stdout_truncated/stderr_truncated and, from the execution's cgroup,
+oom_kills/pids_refused/memory_peak_mb (null without one)}, ``files`` {path: base64},
 ``files_truncated``, ``executor_pod_name``.
 
 Errors: a body that is not a valid request -> 422 ``{"detail": [...], "error": ...}`` (the
@@ -45,7 +46,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from wmrl_sandbox import executor, selftest, warm
+from wmrl_sandbox import cgroups, executor, selftest, warm
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Isolation, Limits, RequestError
 
 log = logging.getLogger("wmrl.sandbox")
@@ -106,6 +107,9 @@ def response_body(result: ExecutionResult, pod: str, max_fetch_bytes: int = Limi
         message = f"fetch_files: the files exceed {max_fetch_bytes} bytes together; the rest were left out"
     else:
         status, message = "Success", ""
+    if result.oom_kills:  # the program's processes together outgrew its memory: its failure, reported as such
+        message = (f"the execution's processes together reached its memory limit: the kernel killed "
+                   f"{result.oom_kills} of them")
     return {
         "status": status,
         "message": message,
@@ -118,6 +122,9 @@ def response_body(result: ExecutionResult, pod: str, max_fetch_bytes: int = Limi
             "stderr": result.stderr,
             "stdout_truncated": result.stdout_truncated,
             "stderr_truncated": result.stderr_truncated,
+            "oom_kills": result.oom_kills,
+            "pids_refused": result.pids_refused,
+            "memory_peak_mb": result.memory_peak_mb,
         },
         "executor_pod_name": pod,
         "files": {name: base64.b64encode(data).decode("ascii") for name, data in result.files.items()},
@@ -210,6 +217,8 @@ class Metrics:
                                   buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
         self.leftovers = Counter("wmrl_sandbox_leftover_processes_killed_total",
                                  "Processes an execution left behind that the server killed", registry=r)
+        self.oom_kills = Counter("wmrl_sandbox_oom_kills_total",
+                                 "Processes killed at the memory limit of their execution's cgroup", registry=r)
 
 
 class SandboxServer:
@@ -218,7 +227,8 @@ class SandboxServer:
     def __init__(self, *, slots: int = 1, work_root: Optional[str] = None, limits: Limits = Limits(),
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, isolation: Optional[Isolation] = None,
                  python: str = sys.executable, uid_base: int = 62000, max_queue: Optional[int] = None,
-                 max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT, warm_start: bool = True):
+                 max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT, warm_start: bool = True,
+                 cgroups_mode: str = "auto", cpus: float = 1.0):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         max_queue = DEFAULT_QUEUE_PER_SLOT * slots if max_queue is None else max_queue
@@ -244,6 +254,8 @@ class SandboxServer:
         self._slot_uids: list[Optional[int]] = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
         self._free_slots = list(range(slots))
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="sandbox-exec")
+        # Before the fork servers start: in cgroup v2 the server moves itself into a leaf first.
+        self.cgroups = cgroups.Cgroups.setup(cgroups_mode, cpus=cpus)
         self.warm = warm.WarmSlots(slots, python, self.isolation, enabled=warm_start)
         self.metrics = Metrics(slots, max_queue)
         self.metrics.busy.set_function(lambda: self.queue.busy)  # read at each scrape
@@ -266,6 +278,7 @@ class SandboxServer:
     async def _cleanup(self, _app) -> None:
         self.pool.shutdown(wait=True)
         self.warm.close()
+        self.cgroups.close()
         if self.uid_pool:
             self.uid_pool.close()
 
@@ -274,7 +287,7 @@ class SandboxServer:
                                   "queued": self.queue.queued, "max_queue": self.queue.max_queue,
                                   "max_queue_wait": self.queue.max_wait,
                                   "isolation": self.isolation.describe(), "layers": self.layers,
-                                  "warm": self.warm.describe(),
+                                  "warm": self.warm.describe(), "cgroups": self.cgroups.describe(),
                                   "uids": self.uid_pool.uids if self.uid_pool else []})
 
     async def metrics_handler(self, _request: web.Request) -> web.Response:
@@ -341,6 +354,7 @@ class SandboxServer:
         outcome = "TimeLimitExceeded" if result.status == "TimeLimitExceeded" else body["status"]
         self.metrics.executions.labels(outcome).inc()
         self.metrics.leftovers.inc(result.leftover_processes_killed)
+        self.metrics.oom_kills.inc(result.oom_kills or 0)
         return web.json_response(body)
 
     def _parse(self, raw: bytes) -> ExecutionRequest:
@@ -377,7 +391,8 @@ class SandboxServer:
 
     def _execute(self, job: ExecutionRequest, slot: int) -> ExecutionResult:
         return executor.execute(job, work_root=self.work_root, uid=self._slot_uids[slot], isolation=self.isolation,
-                                limits=self.limits, python=self.python, warm=self.warm.for_slot(slot))
+                                limits=self.limits, python=self.python, warm=self.warm.for_slot(slot),
+                                groups=self.cgroups)
 
 
 def _env(name: str, cast, default):
@@ -431,6 +446,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=_env("WMRL_SANDBOX_REQUIRE_ISOLATION", lambda v: v.lower() in ("1", "true"), False),
                         help="refuse to start unless the self-test finds every isolation layer holding "
                              "(exit 2 naming the ones that do not)")
+    parser.add_argument("--cgroups", choices=cgroups.MODES, default=_env("WMRL_SANDBOX_CGROUPS", str, "auto"),
+                        help="a cgroup per execution bounding memory, tasks and CPU of all its processes together: "
+                             "auto (where the server's cgroup is delegated to it), off, or required (exit 2 naming "
+                             "what is missing); env WMRL_SANDBOX_CGROUPS")
+    parser.add_argument("--cpus", type=float, default=_env("WMRL_SANDBOX_CPUS", float, 1.0),
+                        help="CPUs of time per execution through its cgroup (default 1; 0: no CPU limit; "
+                             "env WMRL_SANDBOX_CPUS)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -444,23 +466,30 @@ def main(args: argparse.Namespace) -> int:
         server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits,
                                max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base,
                                max_queue=args.max_queue, max_queue_wait=args.max_queue_wait,
-                               warm_start=args.warm)
+                               warm_start=args.warm, cgroups_mode=args.cgroups, cpus=args.cpus)
         server.warm.wait_ready()  # so the self-test below checks the warm path's isolation too
         server.self_check()
         layers = server.self_test()
-    except (ValueError, RuntimeError, OSError) as exc:
+    except (ValueError, RuntimeError, OSError) as exc:  # CgroupsUnavailable too
         print(f"wmrl sandbox serve: {exc}", file=sys.stderr)
         return 2
     missing = [layer for layer, holds in layers.items() if not holds]
     print(f"wmrl sandbox: isolation mode {server.isolation.mode}; self-test: "
           + ("every layer holds" if not missing else f"NOT holding: {', '.join(missing)}")
-          + f"; warm starts: {_warm_line(server.warm.describe())}", flush=True)
+          + f"; warm starts: {_warm_line(server.warm.describe())}"
+          + f"; cgroups: {_cgroups_line(server.cgroups.describe())}", flush=True)
     if missing and args.require_isolation:
         print(f"wmrl sandbox serve: --require-isolation: these layers do not hold here: {', '.join(missing)} "
               "(docs/sandbox.md: deployed mode needs unprivileged user namespaces, or run the server as root)",
               file=sys.stderr)
         return 2
     return asyncio.run(_serve(server, args.host, args.port))
+
+
+def _cgroups_line(state: dict) -> str:
+    used = ", ".join(f"{c} ({v})" for c, v in state["controllers"].items())
+    missing = "; ".join(f"no {c}: {why}" for c, why in state["missing"].items())
+    return "; ".join(part for part in (used, missing) if part) or "none"
 
 
 def _warm_line(warm_state: dict) -> str:

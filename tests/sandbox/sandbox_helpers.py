@@ -2,12 +2,15 @@
 
 import json
 import os
+import secrets
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
 import bubblewrap
+from wmrl_sandbox import cgroups
 from wmrl_sandbox.local import LocalServer
 
 DEPLOYED_UID = 61900  # a numeric non-root uid, as the image runs the server; below the root-mode slot uids (62000+)
@@ -52,10 +55,64 @@ def zombie_children_of(pid: int) -> list[int]:
     return found
 
 
+class DelegatedCgroups:
+    """What a node gives a uid when it delegates cgroups (systemd's ``Delegate=``): for each of
+    memory, pids and cpu, a fresh cgroup under this process's, owned by ``uid`` (the directory and
+    the files that move processes into it). Removed, with whatever the server made in it, by
+    :meth:`remove`."""
+
+    def __init__(self, uid: int):
+        self.directories = []
+        name = f"wmrl-delegated-{uid}-{secrets.token_hex(4)}"
+        for controller in cgroups.CONTROLLERS:
+            version, own = cgroups.locate(controller)
+            directory = os.path.join(own, name)
+            if directory in self.directories:
+                continue
+            os.mkdir(directory)
+            self.directories.append(directory)
+            for entry in (directory, *(os.path.join(directory, f) for f in ("cgroup.procs", "tasks", "cgroup.threads",
+                                                                             "cgroup.subtree_control"))):
+                if os.path.exists(entry):
+                    os.chown(entry, uid, uid)
+
+    def prefix(self) -> tuple[str, ...]:
+        """A command prefix that starts the command inside these cgroups."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        return (sys.executable, os.path.join(here, "in_cgroups.py"),
+                *(os.path.join(d, "cgroup.procs") for d in self.directories), "--")
+
+    def remove(self) -> None:
+        for directory in self.directories:
+            assert cgroups.remove_tree(directory), directory
+
+
+class _DelegatedServer(LocalServer):
+    """A deployed-mode server started inside cgroups delegated to its uid."""
+
+    def __init__(self, delegated: DelegatedCgroups, **kwargs):
+        self.delegated = delegated
+        try:
+            super().__init__(**kwargs)
+        except BaseException:
+            delegated.remove()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.delegated.remove()
+
+
 def start_server(mode: str, tmp_path_factory, slots: int = 1, *, uid: int, args: tuple[str, ...] = TEST_ARGS,
-                 env: dict | None = None) -> LocalServer:
+                 env: dict | None = None, delegate_cgroups: bool = False) -> LocalServer:
     """A server in ``mode``: ``root`` or ``deployed`` (as the non-root ``uid``, with bubblewrap, as the
-    image runs it), each ``-cold`` with ``--no-warm``. Starting either needs root."""
+    image runs it), each ``-cold`` with ``--no-warm``. Starting either needs root.
+
+    A deployed server's cgroup is not delegated to it by default (a Pod's is not);
+    ``delegate_cgroups`` starts it inside cgroups of its own that its uid owns. A root server
+    can write to every cgroup, as root on a node can."""
     if os.geteuid() != 0:
         raise RuntimeError("these tests start servers as root and as another uid: run them as root")
     if mode.endswith("-cold"):
@@ -71,9 +128,12 @@ def start_server(mode: str, tmp_path_factory, slots: int = 1, *, uid: int, args:
     # setpriv looks the venv's interpreter up with root's access (it lives under /root here); the
     # executions use the system interpreter, which the server's uid can reach.
     prefix = ("setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups")
-    return LocalServer(slots=slots, work_root=str(work), prefix=prefix,
-                       env={**(env or {}), "WMRL_BWRAP": bubblewrap.copy_for(base)},
-                       args=args + ("--python", "/usr/bin/python3"))
+    options = dict(slots=slots, work_root=str(work), env={**(env or {}), "WMRL_BWRAP": bubblewrap.copy_for(base)},
+                   args=args + ("--python", "/usr/bin/python3"))
+    if delegate_cgroups:
+        delegated = DelegatedCgroups(uid)
+        return _DelegatedServer(delegated, prefix=delegated.prefix() + prefix, **options)
+    return LocalServer(prefix=prefix, **options)
 
 
 def execution_processes(server) -> list[int]:
