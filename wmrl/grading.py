@@ -231,6 +231,9 @@ def grade(task: Task, run_response: Mapping, submission: Optional[bytes]) -> Out
         if info is not None:
             return Outcome(status=Status.RUNTIME_ERR, error_type=info.error_type, error_line=info.line,
                            feedback=feedback_text(rr))
+        if isinstance(code, int) and code < 0 and rr.get("oom_kills"):  # its processes together outgrew the memory
+            return Outcome(status=Status.RUNTIME_ERR, error_type="MemoryLimitExceeded",
+                           feedback=feedback_text(rr, f"killed at the memory limit ({_signal_name(code)})"))
         if isinstance(code, int) and code < 0:
             return Outcome(status=Status.RUNTIME_ERR, error_type=_signal_name(code),
                            feedback=feedback_text(rr, f"killed by {_signal_name(code)}"))

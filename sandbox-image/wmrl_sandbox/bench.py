@@ -10,6 +10,9 @@
   on a server whose slot forks it from a warm fork server (:mod:`wmrl_sandbox.warm`) and on one
   started with ``--no-warm``, interleaved: p50/p95 latency of each; then the same program's
   throughput through a dispatcher over ``--warm-servers`` servers of each kind.
+* A cgroup per execution against none: the same program on two warm servers, one giving each
+  execution a cgroup (:mod:`wmrl_sandbox.cgroups`, where the server may make them) and one
+  started with ``--cgroups off``, interleaved: p50/p95 of each and the difference.
 
 ``--as-uid UID`` (from root) starts every server as that uid, as the image runs it: the
 deployed mode, each execution in namespaces of its own (bubblewrap cold, the fork server's
@@ -44,6 +47,7 @@ FIT = ("from sklearn.datasets import load_iris\nfrom sklearn.linear_model import
        "X, y = load_iris(return_X_y=True)\nprint(LogisticRegression(max_iter=500).fit(X, y).score(X, y))\n")
 """The warm/cold program: imports scikit-learn, fits a small model."""
 COLD = ("--no-warm",)
+NO_CGROUPS = ("--cgroups", "off")
 
 
 def server_starter(user: Optional[int] = None, python: Optional[str] = None) -> Callable[..., LocalServer]:
@@ -158,6 +162,30 @@ def measure_warm_against_cold(iterations: int, jobs: int, servers: int,
     }
 
 
+def measure_cgroup_cost(iterations: int, start: Callable[..., LocalServer] = server_starter()) -> dict:
+    """Latency of :data:`FIT` on a warm server with a cgroup per execution and on one without, interleaved."""
+    with_s, without_s = [], []
+    with start() as grouped, start(args=NO_CGROUPS) as plain, httpx.Client(timeout=120) as client:
+        state = grouped.healthz()["cgroups"]
+        if not state["enabled"]:
+            return {"skipped": "no cgroup per execution here: " + "; ".join(
+                f"{c}: {why}" for c, why in state["missing"].items())}
+        body = {"code": FIT, "language": "python", "run_timeout": 60}
+        for _ in range(2):
+            for server in (grouped, plain):
+                client.post(f"{server.url}/run_code", json=body).raise_for_status()
+        for _ in range(iterations):
+            for server, samples in ((grouped, with_s), (plain, without_s)):
+                t0 = time.perf_counter()
+                resp = client.post(f"{server.url}/run_code", json=body)
+                samples.append(time.perf_counter() - t0)
+                if resp.status_code != 200 or resp.json()["status"] != "Success":
+                    raise RuntimeError(f"benchmark execution failed: {resp.text[:500]}")
+    w, wo = _percentiles(with_s), _percentiles(without_s)
+    return {"program": "the warm/cold program, warm", "controllers": state["controllers"],
+            "with_cgroup": w, "without_cgroup": wo, "cost_p50_ms": round(w["p50_ms"] - wo["p50_ms"], 2)}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", default=None, help="also write the results here")
     parser.add_argument("--iterations", type=int, default=60, help="overhead samples of each kind")
@@ -198,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
         "overhead": measure_overhead(args.iterations, args.python or sys.executable, start),
         "throughput": measure_throughput(counts, args.jobs, start),
         "warm_against_cold": measure_warm_against_cold(args.warm_iterations, args.warm_jobs, args.warm_servers, start),
+        "cgroup_per_execution": measure_cgroup_cost(args.warm_iterations, start),
     }
     text = json.dumps(result, indent=2)
     print(text)

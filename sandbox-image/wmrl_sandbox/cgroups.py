@@ -19,8 +19,8 @@ the server first moves itself into ``server``; that needs a cgroup the server ha
 emptied and removed when the next server starts.
 
 The execution's first process joins its group itself, before it makes namespaces, drops its uid
-or runs anything of the program (it writes ``0`` to ``cgroup.procs``): everything it starts is
-born inside.
+or runs anything of the program (it writes ``0`` to ``cgroup.procs``, in v1 to ``tasks``: see
+:attr:`ExecutionGroup.join_files`): everything it starts is born inside.
 """
 
 from __future__ import annotations
@@ -172,12 +172,19 @@ class ExecutionGroup:
 
     directories: list[str]
     versions: dict[str, int]  # controller -> version of the hierarchy that has it
+    kinds: dict[str, int] = field(default_factory=dict)  # directory -> its hierarchy's version
     ended: Optional[dict] = field(default=None)
 
     @property
-    def procs_files(self) -> list[str]:
-        """What the execution's first process writes ``0`` to, to join the group."""
-        return [os.path.join(d, "cgroup.procs") for d in self.directories]
+    def join_files(self) -> list[str]:
+        """What the execution's first process writes ``0`` to, to join the group, while it is the
+        only thread of its process (just forked; its threads and children are born inside).
+
+        In v1 that is ``tasks``, which moves the calling thread alone: moving a whole process
+        (``cgroup.procs``) takes the kernel's global thread-group lock, whose write side waits an
+        RCU grace period, ~12 ms here on every execution; one thread needs no such lock. v2
+        moves processes only through ``cgroup.procs``."""
+        return [os.path.join(d, "cgroup.procs" if self.kinds[d] == 2 else "tasks") for d in self.directories]
 
     def _file(self, *names: str) -> Optional[str]:
         """The first of ``names`` that one of the group's directories has."""
@@ -257,6 +264,7 @@ class Cgroups:
                 directory = os.path.join(hierarchy.root, name)
                 os.mkdir(directory)
                 group.directories.append(directory)
+                group.kinds[directory] = hierarchy.version
                 for controller in hierarchy.controllers:
                     _limit(directory, hierarchy.version, controller, memory_mb=memory_mb,
                            tasks=tasks + SCAFFOLD_TASKS, cpus=self.cpus)
@@ -379,9 +387,9 @@ def _remove_dead_servers(own: str) -> None:
                 remove_tree(entry.path)
 
 
-def join(procs_files: list[str]) -> None:  # pragma: no cover - runs in the execution's first process
-    """Move the calling process into its execution's group (every hierarchy)."""
-    for path in procs_files:
+def join(join_files: list[str]) -> None:  # pragma: no cover - runs in the execution's first process
+    """Move the calling process, single-threaded, into its execution's group (every hierarchy)."""
+    for path in join_files:
         _write(path, "0")
 
 

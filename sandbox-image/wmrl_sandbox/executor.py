@@ -526,10 +526,10 @@ def interpreter_root(python: str) -> str:
 def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits: Limits,
                   memory_mb: int, run_timeout: float, python: str = sys.executable,
                   ns_sock: Optional[socket.socket] = None, warm: bool = False, reveal: tuple[str, ...] = (),
-                  cgroup_procs: tuple[str, ...] = (), tasks_in_cgroup: bool = False):
+                  cgroup_join: tuple[str, ...] = (), tasks_in_cgroup: bool = False):
     """The function run in the forked child before exec (root work first, then dropping to ``uid``).
 
-    ``cgroup_procs``: the execution's cgroup (:mod:`wmrl_sandbox.cgroups`), joined first, so
+    ``cgroup_join``: the execution's cgroup (:mod:`wmrl_sandbox.cgroups`), joined first, so
     every process it starts is born inside its limits. ``tasks_in_cgroup``: the group bounds the
     execution's tasks (``pids.max``), so RLIMIT_NPROC, which outside root mode counts every
     process of the server's uid (other executions' too), is left as it is.
@@ -559,7 +559,7 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     nproc = limits.nproc if uid is not None else None if tasks_in_cgroup else _tasks_of_uid(os.getuid()) + limits.nproc
 
     def preexec() -> None:  # pragma: no cover - runs in the child
-        cgroups.join(cgroup_procs)
+        cgroups.join(cgroup_join)
         if uid is not None:
             flags = (_CLONE_NEWNET if isolation.network_namespace else 0) | (
                 _CLONE_NEWNS if isolation.mount_namespace else 0) | (_CLONE_NEWIPC if isolation.ipc_namespace else 0)
@@ -990,7 +990,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
     try:
         _prepare(exec_dir, workdir, request, uid)
         exec_group = groups.create(memory_mb, limits.nproc) if groups is not None else None
-        cgroup_procs = tuple(exec_group.procs_files) if exec_group is not None else ()
+        cgroup_join = tuple(exec_group.join_files) if exec_group is not None else ()
         tasks_in_cgroup = exec_group is not None and "pids" in exec_group.versions
         out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
         # Root mode with a mount namespace: the child hands over a handle on it (see _make_preexec).
@@ -1018,7 +1018,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                 job = job_message(warm, script=str(workdir / SCRIPT_NAME), workdir=str(workdir), exec_dir=str(exec_dir),
                                   env=_child_env(str(workdir), marker), uid=uid, isolation=isolation, limits=limits,
                                   memory_mb=memory_mb, run_timeout=run_timeout, python=python, namespaces=layout,
-                                  cgroup_procs=cgroup_procs, tasks_in_cgroup=tasks_in_cgroup)
+                                  cgroup_join=cgroup_join, tasks_in_cgroup=tasks_in_cgroup)
                 extra_fd = info_write if info_write is not None else ns_child.fileno() if ns_child is not None else None
                 try:
                     proc = warm.spawn(job, extra_fd)
@@ -1031,7 +1031,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
                     cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
                     pass_fds=tuple(fd for fd in (filter_read, info_write) if fd is not None),
                     preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
-                                             ns_sock=ns_child, cgroup_procs=cgroup_procs,
+                                             ns_sock=ns_child, cgroup_join=cgroup_join,
                                              tasks_in_cgroup=tasks_in_cgroup),
                 )
             _active_mains.add(proc.pid)  # ours to reap: another execution's orphan reaper leaves it alone

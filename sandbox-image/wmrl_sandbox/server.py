@@ -370,7 +370,8 @@ class SandboxServer:
 
         A sandbox that cannot run anything (an interpreter hidden by the isolation, a broken
         work root) would otherwise answer every request with an error, and a trainer would
-        retry its executions for ever instead of being told why.
+        retry its executions for ever instead of being told why. With a cgroup per execution,
+        the program must also have been charged to its group (its peak memory above 0).
         """
         marker = "wmrl-sandbox-self-check-ok"
         result = self._execute(ExecutionRequest(code=f"print({marker!r})", run_timeout=30.0), self._free_slots[0])
@@ -378,6 +379,9 @@ class SandboxServer:
             detail = (result.stderr or result.stdout).strip()[-2000:]
             raise RuntimeError(f"self-check failed: running print() with {self.python} gave status {result.status}, "
                                f"exit code {result.return_code}" + (f":\n{detail}" if detail else ""))
+        if "memory" in self.cgroups.versions and not result.memory_peak_mb:  # nothing was charged to its group
+            raise RuntimeError("self-check failed: the execution did not run inside its cgroup "
+                               f"({', '.join(self.cgroups.describe()['groups'])})")
 
     def self_test(self) -> dict[str, bool]:
         """Check every isolation layer from inside an execution (:mod:`wmrl_sandbox.selftest`)."""

@@ -172,7 +172,7 @@ def _child(job: dict, fds: list[int], control: socket.socket, zygote: int) -> No
             ns_sock = socket.socket(fileno=ns_fd) if ns_fd is not None else None
             executor._make_preexec(job["exec_dir"], job["uid"], isolation, limits, job["memory_mb"],
                                    job["run_timeout"], job["python"], ns_sock=ns_sock, warm=True,
-                                   reveal=tuple(job["reveal"]), cgroup_procs=tuple(job["cgroup_procs"]),
+                                   reveal=tuple(job["reveal"]), cgroup_join=tuple(job["cgroup_join"]),
                                    tasks_in_cgroup=job["tasks_in_cgroup"])()
             if ns_sock is not None:
                 ns_sock.close()
@@ -191,7 +191,7 @@ def _enter_namespaces(job: dict, isolation: Any, limits: Any, info_fd: int) -> N
     from wmrl_sandbox import executor, namespaces, seccomp
 
     executor._make_preexec(job["exec_dir"], None, isolation, limits, job["memory_mb"], job["run_timeout"],
-                           job["python"], cgroup_procs=tuple(job["cgroup_procs"]),
+                           job["python"], cgroup_join=tuple(job["cgroup_join"]),
                            tasks_in_cgroup=job["tasks_in_cgroup"])()
     layout = job["namespaces"]
     namespaces.enter(workdir=job["workdir"], work_root=layout["work_root"], info_fd=info_fd,
@@ -566,7 +566,7 @@ class WarmSlots:
 
 def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env: dict[str, str],
                 uid: Optional[int], isolation: Any, limits: Any, memory_mb: int, run_timeout: float,
-                python: str, namespaces: Optional[dict] = None, cgroup_procs: tuple[str, ...] = (),
+                python: str, namespaces: Optional[dict] = None, cgroup_join: tuple[str, ...] = (),
                 tasks_in_cgroup: bool = False) -> dict:
     """What a fork server needs to make one child into an execution (JSON).
 
@@ -581,13 +581,13 @@ def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env
 
     ``namespaces`` (deployed mode): what :func:`wmrl_sandbox.namespaces.enter` hides and shows
     (``work_root``, ``hidden``, ``visible``, ``tmpfs_bytes``), as bwrap would for a cold execution.
-    ``cgroup_procs``: the execution's cgroup, which the child joins before anything else
+    ``cgroup_join``: the execution's cgroup, which the child joins before anything else
     (``tasks_in_cgroup``: it bounds the execution's tasks; see ``executor._make_preexec``).
     """
     return {"script": script, "workdir": workdir, "exec_dir": exec_dir, "env": env, "uid": uid,
             "isolation": asdict(isolation), "limits": asdict(limits), "memory_mb": memory_mb + zygote.info["preloaded_mb"],
             "run_timeout": run_timeout, "python": python, "reveal": zygote.info["libraries"], "namespaces": namespaces,
-            "cgroup_procs": list(cgroup_procs), "tasks_in_cgroup": tasks_in_cgroup}
+            "cgroup_join": list(cgroup_join), "tasks_in_cgroup": tasks_in_cgroup}
 
 
 __all__ = ["WARM_MODULES", "WarmChild", "WarmSlots", "Zygote", "job_message", "serve"]

@@ -30,6 +30,9 @@ def test_bench_sandbox_writes_json(tmp_path):
     for kind in ("warm", "cold"):
         assert warm["throughput"][kind]["failed"] == 0 and warm["throughput"][kind]["jobs"] == 2
     assert warm["fork_server"]["ready"] == 1 and "sklearn" in warm["fork_server"]["modules"]
+    grouped = result["cgroup_per_execution"]  # root here may make cgroups
+    assert grouped["controllers"] == {"memory": "v1", "pids": "v1", "cpu": "v1"}
+    assert grouped["with_cgroup"]["n"] == grouped["without_cgroup"]["n"] == 2 and "cost_p50_ms" in grouped
 
 
 @pytest.mark.slow
@@ -50,6 +53,7 @@ def test_bench_sandbox_measures_the_deployed_mode_as_another_uid(tmp_path):
     assert result["overhead"]["isolation"]["mode"] == "namespaces"
     assert result["throughput"][0]["failed"] == 0
     assert "scikit-learn" in result["warm_against_cold"]["skipped"]
+    assert "not delegated" in result["cgroup_per_execution"]["skipped"]  # a uid's cgroup, as in a Pod
 
 
 def test_bench_rejects_bad_arguments():

@@ -209,7 +209,7 @@ V2_SCRIPT = textwrap.dedent("""
     # The execution's first process joins its group itself and leaves a daemon behind.
     child = subprocess.Popen([sys.executable, "-c", "import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n"
                               "    time.sleep(60)\\ntime.sleep(60)"],
-                             preexec_fn=lambda: cgroups.join(group.procs_files))
+                             preexec_fn=lambda: cgroups.join(group.join_files))
     deadline = time.monotonic() + 10
     while len(cgroups._procs(group.directories[0])) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -287,3 +287,29 @@ def test_cgroup_v2_needs_a_cgroup_the_server_has_to_itself(unified_with_hugetlb)
         sleeper.wait()
         cgroups.remove_tree(own)
     assert not os.path.exists(own)
+
+
+def test_a_program_killed_at_the_group_limit_grades_as_memory_limit_exceeded(root_server):
+    """Each process under its own limit, together over the group's: the largest (the program
+    itself) is killed, and the reward sees the program's failure, not the sandbox's."""
+    from wmrl.grading import grade
+    from wmrl.outcome import Status
+    from wmrl.tasks import Task
+
+    task = Task(name="tiny", description="", kind="classification", metric="accuracy", target="target",
+                data={}, hidden_labels=b"id,target\n1,1\n", leaderboard=(1.0, 0.5, 0.0))
+    code = textwrap.dedent("""
+        import os, time
+        if os.fork() == 0:
+            block = bytearray(100 << 20)
+            time.sleep(5)
+            os._exit(0)
+        time.sleep(0.5)
+        mine = bytearray(200 << 20)
+        time.sleep(5)
+    """)
+    res = run(root_server, code, memory_limit_MB=256, run_timeout=20)
+    assert res["run_result"]["return_code"] == -9 and res["run_result"]["oom_kills"] >= 1, res
+    outcome = grade(task, res, None)
+    assert outcome.status is Status.RUNTIME_ERR and outcome.error_type == "MemoryLimitExceeded", outcome
+    assert_contained(root_server)
