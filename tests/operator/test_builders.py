@@ -183,6 +183,9 @@ def test_sandbox_pod_is_hardened():
     assert sc["seccompProfile"] == {"type": "Unconfined"} and "appArmorProfile" not in sc
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "true"
+    assert env["WMRL_SANDBOX_CGROUPS"] == "auto"  # a cgroup per execution where the container's is delegated
+    required = b.sandbox_deployment(RUN, spec(sandbox={"cgroups": "required"}))["spec"]["template"]["spec"]
+    assert {e["name"]: e["value"] for e in required["containers"][0]["env"]}["WMRL_SANDBOX_CGROUPS"] == "required"
     restricted = b.sandbox_deployment(RUN, spec(sandbox={"isolation": "restricted"}))["spec"]["template"]["spec"]
     assert restricted["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert {e["name"]: e["value"] for e in restricted["containers"][0]["env"]}["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "false"

@@ -65,6 +65,7 @@ BAD = [
     ("tensor-parallel-without-gpus", {"policy": {"vllmTensorParallelSize": 2}}, "spec.policy.vllmTensorParallelSize"),
     ("nodes-without-shared-checkpoints", {"trainer": {"nodes": 2}}, "spec.trainer.checkpoint.claimName"),
     ("unknown-strategy", {"trainer": {"strategy": "zero3"}}, "spec.trainer.strategy"),
+    ("unknown-cgroups-mode", {"sandbox": {"cgroups": "sometimes"}}, "spec.sandbox.cgroups"),
 ]
 
 # (id, spec patch): edge cases both validators accept.

@@ -301,6 +301,11 @@ class SandboxSpec(_Model):
         "namespaces), which Pod Security 'baseline' refuses: the namespace must allow 'privileged'. restricted: the Pod "
         "meets Pod Security "
         "'restricted' and executions run without namespaces of their own (pair it with runtimeClassName).")
+    cgroups: Literal["auto", "required", "off"] = Field(
+        "auto", description="A cgroup per execution, bounding the memory, tasks and CPU of all its processes "
+        "together, where the container's cgroup is delegated to the server (writable). A Pod's is read-only by "
+        "default: then only per-process limits and the Pod's own apply. required: the Pod fails to start without "
+        "one (pair it with a runtime that delegates the container's cgroup); off: never.")
     scale_down_stabilization_seconds: int = Field(120, ge=0, le=86400)
     client_access: SandboxClientAccess = Field(default_factory=SandboxClientAccess)
 
