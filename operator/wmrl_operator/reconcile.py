@@ -448,7 +448,7 @@ class Reconciler:
         desired = self.recommendations.decide((run.namespace, run.name), demand_of(status), s.slots_per_pod,
                                               s.min_replicas, s.max_replicas, current, time.time(),
                                               s.scale_down_stabilization_seconds,
-                                              suspended=spec.suspend or await self._awaiting_admission(body))
+                                              suspended=spec.suspend or st.is_queued(status))
         dstatus = dep.get("status") or {}
         old = status.get("sandbox") or {}
         new = {"replicas": int(dstatus.get("replicas") or 0), "readyReplicas": int(dstatus.get("readyReplicas") or 0),
@@ -464,14 +464,6 @@ class Reconciler:
         new = {k: v for k, v in new.items() if v is not None}
         if old != new:
             await self._patch_status(body, {"sandbox": new})
-
-    async def _awaiting_admission(self, body: dict[str, Any]) -> bool:
-        """Queued and not yet admitted by Kueue (its trainer Job absent or suspended): pools stay at zero."""
-        if not builders.queue_name(builders.admission_labels(body["metadata"].get("labels"))):
-            return False
-        run = builders.Run.from_body(body)
-        job = await self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))
-        return st.job_state(job).state in ("absent", "suspended")
 
     # ------------------------------------------------------------ I/O helpers
 
