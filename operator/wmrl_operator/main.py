@@ -63,7 +63,8 @@ def configure_logging(fmt: str, verbose: bool) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
-                       help="watch this namespace (repeatable; env WMRL_NAMESPACES, comma-separated)")
+                       help="watch this namespace, or a kopf namespace pattern (repeatable; env WMRL_NAMESPACES: "
+                       "comma-separated names or globs, a !glob excluding from the entry before it)")
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)")
     parser.add_argument("--standalone", action="store_true", help="no kopf peering (with --leader-elect, the Lease "
                         "keeps replicas apart)")
@@ -95,6 +96,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="runs reconciled at once (default 8); events for one run are queued and coalesced")
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
     parser.add_argument("--verbose", "-v", action="store_true")
+
+
+def namespace_patterns(text: str) -> list[str]:
+    """``WMRL_NAMESPACES`` as kopf namespace patterns: comma-separated names or globs, each one an
+    entry to watch; a ``!glob`` excludes from the entry before it (``team-*,!team-test``), or from
+    everything when it comes first.
+
+    kopf reads one pattern's comma-separated globs differently: only the first inclusive glob
+    includes (``"ns1,ns2"`` matches ns1 alone), and separate patterns are alternatives (so
+    ``["*", "!kube-system"]`` excludes nothing). Hence exclusions join the entry they follow and
+    names stay apart.
+    """
+    patterns: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part.startswith("!") and patterns:
+            patterns[-1] += "," + part
+        else:
+            patterns.append(part)
+    return patterns
 
 
 def operator_settings(args: argparse.Namespace) -> Any:
@@ -158,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     namespaces = list(args.namespace)
     if not namespaces and not args.all_namespaces and os.environ.get("WMRL_NAMESPACES"):
-        namespaces = [n.strip() for n in os.environ["WMRL_NAMESPACES"].split(",") if n.strip()]
+        namespaces = namespace_patterns(os.environ["WMRL_NAMESPACES"])
     if args.metrics_port:
         from prometheus_client import start_http_server
 
