@@ -77,6 +77,11 @@ class RequestError(ValueError):
     """The request itself is invalid (bad path, bad base64...): the client's fault, not the sandbox's."""
 
 
+class WarmSpawnFailed(OSError):
+    """The slot's fork server did not start the execution (it died, or is dying): whatever its child
+    did died with it, so the execution runs again, cold, in a fresh directory."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-execution resource limits and the server-side caps on what a request may ask for."""
@@ -965,6 +970,16 @@ def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
 def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], isolation: Isolation,
             limits: Limits = Limits(), python: str = sys.executable, warm: Optional[Any] = None,
             groups: Optional[cgroups.Cgroups] = None) -> ExecutionResult:
+    """Run ``request.code`` (:func:`_execute`); cold again if the slot's fork server failed to start it."""
+    options = dict(work_root=work_root, uid=uid, isolation=isolation, limits=limits, python=python, groups=groups)
+    try:
+        return _execute(request, warm=warm, **options)
+    except WarmSpawnFailed:  # a fork server killed or dying as the execution was sent: nothing of it is left
+        return _execute(request, warm=None, **options)
+
+
+def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], isolation: Isolation,
+             limits: Limits, python: str, warm: Optional[Any], groups: Optional[cgroups.Cgroups]) -> ExecutionResult:
     """Run ``request.code`` as ``python -E -s -B <workdir>/main.py`` in a fresh directory under ``work_root``.
 
     ``warm``: the slot's fork server (:class:`wmrl_sandbox.warm.Zygote`): the program
@@ -1084,7 +1099,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
             leftover_processes_killed=len(killed - {proc.pid}),
             **counters,
         )
-    except RequestError:  # only from _prepare: nothing has run
+    except (RequestError, WarmSpawnFailed):  # RequestError only from _prepare: nothing has run
         raise
     except Exception as exc:  # the sandbox failed, not the program: reported, never raised
         return ExecutionResult(status="Error", execution_time=time.monotonic() - start, return_code=None,
@@ -1120,7 +1135,7 @@ def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], is
 
 
 __all__ = [
-    "ExecutionRequest", "ExecutionResult", "Isolation", "Limits", "RequestError", "UidPool", "execute",
+    "ExecutionRequest", "ExecutionResult", "Isolation", "Limits", "RequestError", "UidPool", "WarmSpawnFailed", "execute",
     "check_searchable", "kill_everything", "memory_limit_mb", "probe_isolation", "safe_relative_path",
     "set_child_subreaper", "SCRIPT_NAME",
 ]

@@ -463,11 +463,17 @@ class Zygote:
             if not message or not fds:
                 raise OSError("the fork server did not start the execution")
             pid = json.loads(message)["pid"]
-        except BaseException:
+        except BaseException as exc:
             self.busy = False
             for descriptor in ours:
                 os.close(descriptor)
-            self._stop()
+            self._stop()  # kills a child it may have forked (it dies with its fork server)
+            with contextlib.suppress(OSError):  # a new one for the slot's next executions
+                self._start()
+            if isinstance(exc, (OSError, ValueError, KeyError)):
+                from wmrl_sandbox.executor import WarmSpawnFailed
+
+                raise WarmSpawnFailed(f"the fork server did not start the execution: {exc}") from exc
             raise
         finally:
             for descriptor in theirs:

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from sandbox_helpers import DEPLOYED_UID, TEST_ARGS, run, start_server
+from sandbox_helpers import DEPLOYED_UID, TEST_ARGS, assert_contained, run, start_server
 
 ARGS = TEST_ARGS
 from wmrl_sandbox.local import LocalServer
@@ -206,12 +206,8 @@ def test_a_dead_fork_server_is_replaced_and_its_slot_runs_cold_meanwhile():
     with LocalServer(slots=1, args=ARGS) as server:
         [zygote] = _fork_servers_of(server.proc.pid)
         os.kill(zygote, signal.SIGKILL)
-        # Until its exit is complete the server cannot tell it is dying: an execution sent to it then
-        # fails as the sandbox's (SandboxError, retried by the dispatcher). Wait until it is gone.
-        deadline = time.monotonic() + 30
-        while server.healthz()["warm"]["ready"] != 0:
-            assert time.monotonic() < deadline, server.healthz()["warm"]
-            time.sleep(0.05)
+        # Sent at once: the server may not see yet that the fork server is dying; its spawn then
+        # fails, and the execution runs cold instead of failing as the sandbox's.
         meanwhile = run(server, probe)
         assert meanwhile["status"] == "Success", meanwhile
         assert meanwhile["run_result"]["stdout"].strip() == "False"  # ran cold while its fork server restarts
@@ -221,6 +217,29 @@ def test_a_dead_fork_server_is_replaced_and_its_slot_runs_cold_meanwhile():
             time.sleep(0.2)
         assert run(server, probe)["run_result"]["stdout"].strip() == "True"
         assert _fork_servers_of(server.proc.pid) not in ([], [zygote])
+
+
+WARM_PROBE = "import sys\nprint('wmrl_sandbox.warm' in sys.modules)"  # forked from a fork server?
+
+
+@pytest.mark.parametrize("mode", ["root", "deployed"])
+def test_an_execution_its_fork_server_cannot_start_runs_cold(mode, tmp_path_factory):
+    """A fork server that takes the execution and never answers (stopped here; one killed while
+    the server still counts it alive does the same): after the spawn's 10 s the server gives up
+    on it and the execution runs cold in a fresh directory, the program's answer, not a
+    SandboxError; then the slot is warm again."""
+    with start_server(mode, tmp_path_factory, uid=DEPLOYED_UID + 30, args=ARGS) as server:
+        assert run(server, WARM_PROBE)["run_result"]["stdout"] == "True\n"
+        [zygote] = _fork_servers_of(server.proc.pid)
+        os.kill(zygote, signal.SIGSTOP)
+        res = run(server, WARM_PROBE, timeout=60)
+        assert res["status"] == "Success" and res["run_result"]["stdout"] == "False\n", res  # cold
+        deadline = time.monotonic() + 120
+        while server.healthz()["warm"]["ready"] != 1:
+            assert time.monotonic() < deadline, server.healthz()["warm"]
+            time.sleep(0.2)
+        assert run(server, WARM_PROBE)["run_result"]["stdout"] == "True\n"
+        assert_contained(server)
 
 
 def test_health_says_why_an_execution_would_start_cold(cold):
