@@ -26,6 +26,7 @@ or runs anything of the program (it writes ``0`` to ``cgroup.procs``, in v1 to `
 from __future__ import annotations
 
 import errno
+import math
 import os
 import secrets
 import signal
@@ -237,18 +238,25 @@ class Cgroups:
         return {c: h.version for h in self.hierarchies for c in h.controllers}
 
     @classmethod
-    def setup(cls, mode: str = "auto", cpus: float = 1.0, wanted: tuple[str, ...] = CONTROLLERS) -> "Cgroups":
+    def setup(cls, mode: str = "auto", cpus: float = 1.0, wanted: tuple[str, ...] = CONTROLLERS,
+              unusable: Optional[str] = None) -> "Cgroups":
         """Find the controllers this server may use and make its subtree (``mode`` ``off``: none).
 
-        ``required`` raises :class:`CgroupsUnavailable` naming each controller that cannot be used.
+        ``unusable``: why this server must not use them at all (an isolation mode in which an
+        execution could write its own group's limits). ``required`` raises
+        :class:`CgroupsUnavailable` naming each controller that cannot be used. ``cpus`` is held
+        to what the server's own cgroup may use (v1 refuses a child quota above its parent's).
         """
         if mode not in MODES:
             raise ValueError(f"cgroups mode must be one of {', '.join(MODES)}, got {mode!r}")
         if mode == "off":
             return cls([], {c: "turned off (--cgroups off)" for c in wanted}, cpus)
-        hierarchies, missing = _discover(wanted)
+        hierarchies, missing = ([], {c: unusable for c in wanted}) if unusable else _discover(wanted)
         if mode == "required" and missing:
             raise CgroupsUnavailable("cgroups required, but " + "; ".join(f"{c}: {why}" for c, why in missing.items()))
+        for hierarchy in hierarchies:
+            if hierarchy.version == 1 and "cpu" in hierarchy.controllers and cpus > 0:
+                cpus = min(cpus, _v1_cpu_ceiling(hierarchy.own))
         return cls(hierarchies, missing, cpus)
 
     def create(self, memory_mb: int, tasks: int) -> Optional[ExecutionGroup]:
@@ -325,6 +333,17 @@ def locate(controller: str) -> Optional[tuple[int, str]]:
                   if fstype == "cgroup" and controller in options), None)
     own = _inside(*mount, memberships[controller]) if mount and controller in memberships else None
     return (1, own) if own else None
+
+
+def _v1_cpu_ceiling(own: str) -> float:
+    """The CPUs a v1 cgroup's children may be given: the smallest quota on its way to the root."""
+    ceiling, directory = math.inf, own
+    while os.path.exists(os.path.join(directory, "cpu.cfs_quota_us")):
+        quota = int(_read(os.path.join(directory, "cpu.cfs_quota_us")))
+        if quota > 0:
+            ceiling = min(ceiling, quota / int(_read(os.path.join(directory, "cpu.cfs_period_us"))))
+        directory = os.path.dirname(directory)
+    return ceiling
 
 
 def _discover(wanted: tuple[str, ...]) -> tuple[list[Hierarchy], dict[str, str]]:

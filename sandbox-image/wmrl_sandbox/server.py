@@ -107,7 +107,7 @@ def response_body(result: ExecutionResult, pod: str, max_fetch_bytes: int = Limi
         message = f"fetch_files: the files exceed {max_fetch_bytes} bytes together; the rest were left out"
     else:
         status, message = "Success", ""
-    if result.oom_kills:  # the program's processes together outgrew its memory: its failure, reported as such
+    if result.oom_kills and status == "Failed":  # its processes together outgrew its memory: its failure, so said
         message = (f"the execution's processes together reached its memory limit: the kernel killed "
                    f"{result.oom_kills} of them")
     return {
@@ -254,8 +254,12 @@ class SandboxServer:
         self._slot_uids: list[Optional[int]] = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
         self._free_slots = list(range(slots))
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="sandbox-exec")
-        # Before the fork servers start: in cgroup v2 the server moves itself into a leaf first.
-        self.cgroups = cgroups.Cgroups.setup(cgroups_mode, cpus=cpus)
+        # Before the fork servers start: in cgroup v2 the server moves itself into a leaf first. In
+        # unisolated mode an execution runs as the server's uid in its mount namespace: it could
+        # rewrite its own group's limits, so it gets none (its rlimits hold instead).
+        self.cgroups = cgroups.Cgroups.setup(
+            cgroups_mode, cpus=cpus, unusable="unisolated mode: an execution could change its own cgroup's limits"
+            if self.isolation.mode == "unisolated" else None)
         self.warm = warm.WarmSlots(slots, python, self.isolation, enabled=warm_start)
         self.metrics = Metrics(slots, max_queue)
         self.metrics.busy.set_function(lambda: self.queue.busy)  # read at each scrape
@@ -371,7 +375,8 @@ class SandboxServer:
         A sandbox that cannot run anything (an interpreter hidden by the isolation, a broken
         work root) would otherwise answer every request with an error, and a trainer would
         retry its executions for ever instead of being told why. With a cgroup per execution,
-        the program must also have been charged to its group (its peak memory above 0).
+        the program must also have been charged to its group (its peak memory above 0, where
+        the kernel reports a peak: cgroup v1, or v2 from Linux 5.19).
         """
         marker = "wmrl-sandbox-self-check-ok"
         result = self._execute(ExecutionRequest(code=f"print({marker!r})", run_timeout=30.0), self._free_slots[0])
@@ -379,7 +384,7 @@ class SandboxServer:
             detail = (result.stderr or result.stdout).strip()[-2000:]
             raise RuntimeError(f"self-check failed: running print() with {self.python} gave status {result.status}, "
                                f"exit code {result.return_code}" + (f":\n{detail}" if detail else ""))
-        if "memory" in self.cgroups.versions and not result.memory_peak_mb:  # nothing was charged to its group
+        if result.memory_peak_mb is not None and result.memory_peak_mb <= 0:  # nothing was charged to its group
             raise RuntimeError("self-check failed: the execution did not run inside its cgroup "
                                f"({', '.join(self.cgroups.describe()['groups'])})")
 

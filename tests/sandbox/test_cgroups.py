@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from sandbox_helpers import DEPLOYED_UID, TEST_ARGS, assert_contained, run, start_server
+from sandbox_helpers import DEPLOYED_UID, TEST_ARGS, DelegatedCgroups, assert_contained, run, start_server
 from wmrl_sandbox import cgroups
 from wmrl_sandbox.local import LocalServer
 
@@ -60,7 +60,8 @@ def _assert_bounded_together(server) -> None:
     rr = res["run_result"]
     survivors = int(rr["stdout"])
     assert survivors < 12 and rr["oom_kills"] == 12 - survivors, res
-    assert rr["memory_peak_mb"] <= 256 and "memory limit" in res["message"], res
+    assert rr["memory_peak_mb"] <= 256, res
+    assert res["status"] == "Success" and res["message"] == ""  # the program itself exited 0: its call
     assert _groups_left(server) == []  # each execution's group is gone with it
     assert_contained(server)
 
@@ -310,6 +311,89 @@ def test_a_program_killed_at_the_group_limit_grades_as_memory_limit_exceeded(roo
     """)
     res = run(root_server, code, memory_limit_MB=256, run_timeout=20)
     assert res["run_result"]["return_code"] == -9 and res["run_result"]["oom_kills"] >= 1, res
+    assert res["status"] == "Failed" and "memory limit" in res["message"], res
     outcome = grade(task, res, None)
     assert outcome.status is Status.RUNTIME_ERR and outcome.error_type == "MemoryLimitExceeded", outcome
     assert_contained(root_server)
+
+
+TAMPER = textwrap.dedent("""
+    import glob, os, sys
+    mine = [d for root in sys.argv[1:] for d in glob.glob(root + "/exec-*")]
+    print(len(mine))
+    for directory in mine:
+        for name in ("pids.max", "memory.limit_in_bytes", "cpu.cfs_quota_us", "cgroup.procs", "tasks"):
+            path = os.path.join(directory, name)
+            if os.path.exists(path):
+                try:
+                    with open(path, "w") as fh:
+                        fh.write("max" if name == "pids.max" else "-1" if name != "tasks" else "1")
+                    print("WROTE", path)
+                except OSError as exc:
+                    print("refused", name, type(exc).__name__)
+        for target in (os.path.join(directory, "escape"), os.path.join(os.path.dirname(directory), "escape")):
+            try:
+                os.mkdir(target)
+                print("MADE", target)
+            except OSError as exc:
+                print("refused mkdir", type(exc).__name__)
+""")
+
+
+@pytest.mark.parametrize("which", ["root", "delegated"])
+def test_an_execution_cannot_change_or_leave_its_cgroup(which, root_server, delegated):
+    """Its group's files and the server's subtree are visible to it, and none can be written:
+    root's files (root mode: the slot's uid), a read-only mount (deployed mode)."""
+    server = root_server if which == "root" else delegated
+    groups = server.healthz()["cgroups"]["groups"]
+    code = "import sys\nsys.argv[1:] = " + repr(groups) + "\n" + TAMPER
+    res = run(server, code)
+    out = res["run_result"]["stdout"]
+    assert res["status"] == "Success" and out.splitlines()[0] == str(len(groups)), res  # it found its group
+    assert "WROTE" not in out and "MADE" not in out and out.count("refused") >= 4 * len(groups), out
+    assert _groups_left(server) == []
+
+
+def test_unisolated_mode_gets_no_cgroups_even_where_they_are_delegated(tmp_path_factory):
+    """Without namespaces an execution runs as the server's uid in its mount namespace and could
+    rewrite a delegated group's limits: the server makes none, says why, and its rlimits hold."""
+    uid = UID + 2
+    delegated = DelegatedCgroups(uid)
+    try:
+        root = tmp_path_factory.mktemp("unisolated-work")
+        for directory in (root.parent, root.parent.parent):
+            os.chmod(directory, 0o755)
+        os.chown(root, uid, uid)
+        setpriv = ("setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups")
+        options = dict(slots=1, work_root=str(root), prefix=delegated.prefix() + setpriv,
+                       args=TEST_ARGS + ("--python", "/usr/bin/python3"))
+        with LocalServer(**options) as srv:
+            state = srv.healthz()["cgroups"]
+            assert srv.healthz()["isolation"]["mode"] == "unisolated"
+            assert not state["enabled"] and "unisolated" in state["missing"]["memory"], state
+            bomb = "import os\nn = 0\ntry:\n    while n < 500:\n        if os.fork() == 0:\n" \
+                   "            import time; time.sleep(3); os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(n)"
+            assert int(run(srv, bomb, run_timeout=10)["run_result"]["stdout"]) < 32  # RLIMIT_NPROC, --nproc 32
+        with pytest.raises(RuntimeError, match="unisolated mode"):
+            LocalServer(**{**options, "args": options["args"] + ("--cgroups", "required")})
+    finally:
+        delegated.remove()
+
+
+def test_the_cpu_limit_is_held_to_what_the_servers_own_cgroup_may_use():
+    """cgroup v1 refuses a child a CPU quota above its parent's: a server in a cgroup of half a
+    CPU gives each execution at most that (asked for 1), instead of failing every execution."""
+    version, own = cgroups.locate("cpu")
+    assert version == 1
+    parent = os.path.join(own, f"wmrl-test-quota-{os.getpid()}")
+    os.mkdir(parent)
+    try:
+        with open(os.path.join(parent, "cpu.cfs_quota_us"), "w") as fh:
+            fh.write(str(cgroups.CPU_PERIOD_US // 2))
+        helper = os.path.join(os.path.dirname(__file__), "in_cgroups.py")
+        with LocalServer(slots=1, args=TEST_ARGS, prefix=(sys.executable, helper, os.path.join(parent, "cgroup.procs"),
+                                                          "--")) as srv:
+            assert srv.healthz()["cgroups"]["cpus"] == 0.5
+            assert run(srv, "print('ran')")["run_result"]["stdout"] == "ran\n"
+    finally:
+        cgroups.remove_tree(parent)
