@@ -134,12 +134,27 @@ def _kill_all(directory: str, deadline: float) -> bool:
             _write(kill_file, "1")
         else:
             for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill_if_inside(pid, directory)
         time.sleep(0.002)
     return True
+
+
+def _kill_if_inside(pid: int, directory: str) -> None:
+    """SIGKILL ``pid`` through a pidfd, once that pidfd is known to name a process of the group
+    (a pid read from ``cgroup.procs`` may have been reused by the time it is signalled)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return  # gone
+    try:
+        with open(os.path.join(directory, "cgroup.procs")) as fh:
+            inside = str(pid) in fh.read().split()
+        if inside:  # the pidfd was opened before this read: it names that member, not a newcomer
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except (ProcessLookupError, FileNotFoundError):
+        pass
+    finally:
+        os.close(pidfd)
 
 
 def _remove(directory: str, deadline_s: float = 5.0) -> bool:
@@ -215,7 +230,7 @@ class ExecutionGroup:
             for directory in self.directories:  # then nothing runs any more: the counters are final
                 _kill_all(directory, deadline)
             self.ended = self.counters()
-            left = [d for d in self.directories if not _remove(d)]
+            left = [d for d in self.directories if not remove_tree(d)]
             if left:
                 raise RuntimeError(f"could not remove the execution's cgroup {left[0]}")
         return self.ended

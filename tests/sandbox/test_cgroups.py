@@ -56,12 +56,14 @@ def _groups_left(server) -> list[str]:
 
 
 def _assert_bounded_together(server) -> None:
-    res = run(server, TWELVE_CHILDREN, memory_limit_MB=256, run_timeout=30)
+    res = run(server, TWELVE_CHILDREN, memory_limit_MB=256, run_timeout=30, timeout=60)
     rr = res["run_result"]
-    survivors = int(rr["stdout"])
-    assert survivors < 12 and rr["oom_kills"] == 12 - survivors, res
-    assert rr["memory_peak_mb"] <= 256, res
-    assert res["status"] == "Success" and res["message"] == ""  # the program itself exited 0: its call
+    assert rr["oom_kills"] >= 1 and rr["memory_peak_mb"] <= 256, res  # held to 256 MB together
+    if rr["return_code"] == 0:  # the kernel killed children; the program saw them die and went on
+        assert int(rr["stdout"]) <= 12 - rr["oom_kills"], res
+        assert res["status"] == "Success" and res["message"] == ""  # it exited 0: its call
+    else:  # the kernel chose the program itself
+        assert rr["return_code"] == -9 and res["status"] == "Failed" and "memory limit" in res["message"], res
     assert _groups_left(server) == []  # each execution's group is gone with it
     assert_contained(server)
 
@@ -111,17 +113,25 @@ def test_the_task_limit_counts_only_the_execution(delegated):
 
 @pytest.fixture(scope="module")
 def root_server():
+    with LocalServer(slots=1, args=TEST_ARGS) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def half_cpu_server():
+    """--cpus 0.5. (Kept apart from the memory cases: a group at its memory limit with no swap
+    spends its CPU quota in reclaim, and under half a CPU the kernel's kills take many seconds.)"""
     with LocalServer(slots=1, args=TEST_ARGS + ("--cpus", "0.5")) as srv:
         yield srv
 
 
 def test_a_root_server_bounds_memory_together_and_reports_it(root_server):
     state = root_server.healthz()["cgroups"]
-    assert state["controllers"] == {"memory": "v1", "pids": "v1", "cpu": "v1"} and state["cpus"] == 0.5
+    assert state["controllers"] == {"memory": "v1", "pids": "v1", "cpu": "v1"} and state["cpus"] == 1.0
     _assert_bounded_together(root_server)
 
 
-def test_cpu_time_is_capped_across_threads(root_server):
+def test_cpu_time_is_capped_across_threads(half_cpu_server):
     """Two busy threads for a second of wall-clock: at most half a CPU with --cpus 0.5 (without
     the cap they get up to two on this machine)."""
     code = textwrap.dedent("""
@@ -137,7 +147,8 @@ def test_cpu_time_is_capped_across_threads(root_server):
         [t.join() for t in threads]
         print((time.process_time() - cpu0) / (time.monotonic() - wall0))
     """)
-    res = run(root_server, code, run_timeout=20)
+    assert half_cpu_server.healthz()["cgroups"]["cpus"] == 0.5
+    res = run(half_cpu_server, code, run_timeout=20)
     assert res["status"] == "Success", res
     assert float(res["run_result"]["stdout"]) < 0.75, res  # 0.5 and the quota period's slack
 
@@ -215,12 +226,13 @@ V2_SCRIPT = textwrap.dedent("""
     while len(cgroups._procs(group.directories[0])) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     inside = cgroups._procs(group.directories[0])
+    killed_by_the_kernel = os.path.exists(os.path.join(group.directories[0], "cgroup.kill"))
     group.end()
     child.wait()
     manager.close()
     print(json.dumps({"version": hierarchy.version, "root": hierarchy.root, "me": me, "inside": len(inside),
                       "pids": inside, "subtree": open(os.path.join(hierarchy.root, "cgroup.subtree_control")).read(),
-                      "group_left": os.path.exists(group.directories[0])}))
+                      "group_left": os.path.exists(group.directories[0]), "cgroup_kill": killed_by_the_kernel}))
 """)
 
 
@@ -258,6 +270,7 @@ def test_cgroup_v2_leaf_enable_and_kill_on_the_unified_hierarchy(unified_with_hu
         assert found["version"] == 2 and v2_line == f"0::{found['root'][len(unified):]}/server"
         assert found["subtree"].split() == ["hugetlb"]
         assert found["inside"] == 2 and not found["group_left"]
+        assert found["cgroup_kill"]  # Linux 5.14+: the group was emptied by cgroup.kill
         assert not any(_running(pid) for pid in found["pids"])
     finally:
         cgroups.remove_tree(own)

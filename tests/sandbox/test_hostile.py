@@ -519,11 +519,11 @@ def test_many_processes_each_under_the_memory_limit_are_contained(server):
     assert server.healthz()["cgroups"]["enabled"] == in_cgroup
     res = run(server, code, memory_limit_MB=256, run_timeout=20)
     rr = res["run_result"]
-    assert res["status"] == "Success", res
-    if in_cgroup:
-        assert int(rr["stdout"]) < 12 and rr["oom_kills"] == 12 - int(rr["stdout"]), res
+    if in_cgroup:  # the kernel kills children (the program counts the survivors), or the program itself
+        assert rr["oom_kills"] >= 1, res
+        assert (rr["return_code"] == 0 and int(rr["stdout"]) <= 12 - rr["oom_kills"]) or rr["return_code"] == -9, res
     else:
-        assert rr["stdout"] == "12\n" and rr["oom_kills"] is None, res
+        assert res["status"] == "Success" and rr["stdout"] == "12\n" and rr["oom_kills"] is None, res
     assert_contained(server)
 
 
