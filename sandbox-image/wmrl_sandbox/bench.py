@@ -126,10 +126,27 @@ def measure_throughput(server_counts: list[int], jobs: int,
     return rows
 
 
+def _interleaved(client: httpx.Client, servers: list[LocalServer], body: dict, iterations: int) -> list[dict]:
+    """``body`` on each server in turn, ``iterations`` rounds after two warm-up rounds: per server,
+    the latency through it (``total``) and the program's time inside the sandbox (``inside``)."""
+    for _ in range(2):
+        for server in servers:
+            client.post(f"{server.url}/run_code", json=body).raise_for_status()
+    samples = [{"total": [], "inside": []} for _ in servers]
+    for _ in range(iterations):
+        for server, taken in zip(servers, samples):
+            t0 = time.perf_counter()
+            resp = client.post(f"{server.url}/run_code", json=body)
+            taken["total"].append(time.perf_counter() - t0)
+            if resp.status_code != 200 or resp.json()["status"] != "Success":
+                raise RuntimeError(f"benchmark execution failed: {resp.text[:500]}")
+            taken["inside"].append(resp.json()["run_result"]["execution_time"])
+    return samples
+
+
 def measure_warm_against_cold(iterations: int, jobs: int, servers: int,
                               start: Callable[..., LocalServer] = server_starter()) -> dict:
     """Latency of :data:`FIT` on a warm and a cold server (interleaved), then throughput of each."""
-    warm_s, cold_s, warm_inside, cold_inside = [], [], [], []
     with start() as warm, start(args=COLD) as cold, httpx.Client(timeout=120) as client:
         state = warm.healthz()["warm"]
         if not state["ready"]:
@@ -138,23 +155,13 @@ def measure_warm_against_cold(iterations: int, jobs: int, servers: int,
         if probe.get("status") != "Success":
             return {"skipped": "the executions' interpreter cannot import scikit-learn (see --python)"}
         body = {"code": FIT, "language": "python", "run_timeout": 60}
-        for _ in range(2):
-            for server in (warm, cold):
-                client.post(f"{server.url}/run_code", json=body).raise_for_status()
-        for _ in range(iterations):
-            for server, total, inside in ((warm, warm_s, warm_inside), (cold, cold_s, cold_inside)):
-                t0 = time.perf_counter()
-                resp = client.post(f"{server.url}/run_code", json=body)
-                total.append(time.perf_counter() - t0)
-                if resp.status_code != 200 or resp.json()["status"] != "Success":
-                    raise RuntimeError(f"benchmark execution failed: {resp.text[:500]}")
-                inside.append(resp.json()["run_result"]["execution_time"])
-    w, c = _percentiles(warm_s), _percentiles(cold_s)
+        warm_s, cold_s = _interleaved(client, [warm, cold], body, iterations)
+    w, c = _percentiles(warm_s["total"]), _percentiles(cold_s["total"])
     warm_rate, cold_rate = _batch(servers, jobs, FIT, (), start), _batch(servers, jobs, FIT, COLD, start)
     return {
         "program": "import scikit-learn, load iris, fit LogisticRegression",
-        "warm": w, "cold": c, "warm_execution_time": _percentiles(warm_inside),
-        "cold_execution_time": _percentiles(cold_inside),
+        "warm": w, "cold": c, "warm_execution_time": _percentiles(warm_s["inside"]),
+        "cold_execution_time": _percentiles(cold_s["inside"]),
         "latency_ratio_p50": round(c["p50_ms"] / w["p50_ms"], 2),
         "throughput": {"warm": warm_rate, "cold": cold_rate,
                        "ratio": round(warm_rate["executions_per_s"] / cold_rate["executions_per_s"], 2)},
@@ -164,24 +171,14 @@ def measure_warm_against_cold(iterations: int, jobs: int, servers: int,
 
 def measure_cgroup_cost(iterations: int, start: Callable[..., LocalServer] = server_starter()) -> dict:
     """Latency of :data:`FIT` on a warm server with a cgroup per execution and on one without, interleaved."""
-    with_s, without_s = [], []
     with start() as grouped, start(args=NO_CGROUPS) as plain, httpx.Client(timeout=120) as client:
         state = grouped.healthz()["cgroups"]
         if not state["enabled"]:
             return {"skipped": "no cgroup per execution here: " + "; ".join(
                 f"{c}: {why}" for c, why in state["missing"].items())}
         body = {"code": FIT, "language": "python", "run_timeout": 60}
-        for _ in range(2):
-            for server in (grouped, plain):
-                client.post(f"{server.url}/run_code", json=body).raise_for_status()
-        for _ in range(iterations):
-            for server, samples in ((grouped, with_s), (plain, without_s)):
-                t0 = time.perf_counter()
-                resp = client.post(f"{server.url}/run_code", json=body)
-                samples.append(time.perf_counter() - t0)
-                if resp.status_code != 200 or resp.json()["status"] != "Success":
-                    raise RuntimeError(f"benchmark execution failed: {resp.text[:500]}")
-    w, wo = _percentiles(with_s), _percentiles(without_s)
+        with_s, without_s = _interleaved(client, [grouped, plain], body, iterations)
+    w, wo = _percentiles(with_s["total"]), _percentiles(without_s["total"])
     return {"program": "the warm/cold program, warm", "controllers": state["controllers"],
             "with_cgroup": w, "without_cgroup": wo, "cost_p50_ms": round(w["p50_ms"] - wo["p50_ms"], 2)}
 

@@ -133,28 +133,33 @@ def _kill_all(directory: str, deadline: float) -> bool:
         if os.path.exists(kill_file):
             _write(kill_file, "1")
         else:
-            for pid in pids:
-                _kill_if_inside(pid, directory)
+            _kill_members(pids, directory)
         time.sleep(0.002)
     return True
 
 
-def _kill_if_inside(pid: int, directory: str) -> None:
-    """SIGKILL ``pid`` through a pidfd, once that pidfd is known to name a process of the group
-    (a pid read from ``cgroup.procs`` may have been reused by the time it is signalled)."""
+def _kill_members(pids: list[int], directory: str) -> None:
+    """SIGKILL ``pids`` through pidfds, each once it is known to name a process of the group (a
+    pid read from ``cgroup.procs`` may have been reused by the time it is signalled): the pidfds
+    are opened first, then the group is read again, so a pidfd whose pid it still lists names
+    that member, not a newcomer."""
+    pidfds = {}
+    for pid in pids:
+        try:
+            pidfds[pid] = os.pidfd_open(pid)
+        except OSError:  # gone
+            pass
     try:
-        pidfd = os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
-        return  # gone
-    try:
-        with open(os.path.join(directory, "cgroup.procs")) as fh:
-            inside = str(pid) in fh.read().split()
-        if inside:  # the pidfd was opened before this read: it names that member, not a newcomer
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except (ProcessLookupError, FileNotFoundError):
-        pass
+        members = set(_procs(directory))
+        for pid, pidfd in pidfds.items():
+            if pid in members:
+                try:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     finally:
-        os.close(pidfd)
+        for pidfd in pidfds.values():
+            os.close(pidfd)
 
 
 def _remove(directory: str, deadline_s: float = 5.0) -> bool:
@@ -184,12 +189,20 @@ def remove_tree(directory: str) -> bool:
 
 @dataclass
 class ExecutionGroup:
-    """One execution's cgroup, a directory in each hierarchy used."""
+    """One execution's cgroup: the directory ``name`` in each hierarchy used (those made so far)."""
 
-    directories: list[str]
-    versions: dict[str, int]  # controller -> version of the hierarchy that has it
-    kinds: dict[str, int] = field(default_factory=dict)  # directory -> its hierarchy's version
-    ended: Optional[dict] = field(default=None)
+    name: str
+    hierarchies: list[Hierarchy] = field(default_factory=list)
+    ended: Optional[dict] = None
+
+    @property
+    def directories(self) -> list[str]:
+        return [os.path.join(h.root, self.name) for h in self.hierarchies]
+
+    @property
+    def bounds_tasks(self) -> bool:
+        """Whether ``pids.max`` holds the execution's tasks."""
+        return any("pids" in h.controllers for h in self.hierarchies)
 
     @property
     def join_files(self) -> list[str]:
@@ -200,7 +213,7 @@ class ExecutionGroup:
         (``cgroup.procs``) takes the kernel's global thread-group lock, whose write side waits an
         RCU grace period, ~12 ms here on every execution; one thread needs no such lock. v2
         moves processes only through ``cgroup.procs``."""
-        return [os.path.join(d, "cgroup.procs" if self.kinds[d] == 2 else "tasks") for d in self.directories]
+        return [os.path.join(h.root, self.name, "cgroup.procs" if h.version == 2 else "tasks") for h in self.hierarchies]
 
     def _file(self, *names: str) -> Optional[str]:
         """The first of ``names`` that one of the group's directories has."""
@@ -280,14 +293,12 @@ class Cgroups:
         :attr:`cpus` CPUs of time (0: no CPU limit)."""
         if not self.hierarchies:
             return None
-        name = f"exec-{secrets.token_hex(6)}"
-        group = ExecutionGroup([], self.versions)
+        group = ExecutionGroup(f"exec-{secrets.token_hex(6)}")
         try:
             for hierarchy in self.hierarchies:
-                directory = os.path.join(hierarchy.root, name)
+                directory = os.path.join(hierarchy.root, group.name)
                 os.mkdir(directory)
-                group.directories.append(directory)
-                group.kinds[directory] = hierarchy.version
+                group.hierarchies.append(hierarchy)
                 for controller in hierarchy.controllers:
                     _limit(directory, hierarchy.version, controller, memory_mb=memory_mb,
                            tasks=tasks + SCAFFOLD_TASKS, cpus=self.cpus)

@@ -1006,7 +1006,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
         _prepare(exec_dir, workdir, request, uid)
         exec_group = groups.create(memory_mb, limits.nproc) if groups is not None else None
         cgroup_join = tuple(exec_group.join_files) if exec_group is not None else ()
-        tasks_in_cgroup = exec_group is not None and "pids" in exec_group.versions
+        tasks_in_cgroup = exec_group is not None and exec_group.bounds_tasks
         out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
         # Root mode with a mount namespace: the child hands over a handle on it (see _make_preexec).
         want_ns = uid is not None and isolation.mount_namespace and bool(request.fetch_files)
