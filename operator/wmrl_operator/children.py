@@ -250,6 +250,15 @@ class Children:
                 return watch.entries.get((namespace, name))
         return None
 
+    def absent(self, obj: Mapping[str, Any]) -> bool:
+        """Whether ``obj`` is known not to exist: its kind's listed cache has no such child and this
+        process has not written it (a write the watch has not reported yet). Unknown: False."""
+        api_version, kind, namespace, name = _key(obj)
+        for watch in self.watches.get((api_version, kind), ()):
+            if watch.synced.is_set() and watch.covers(namespace):
+                return (namespace, name) not in watch.entries and _key(obj) not in self._mine(obj)
+        return False
+
     def unchanged(self, obj: Mapping[str, Any]) -> Optional[Seen]:
         """The live child when it already is ``obj`` (a stamped manifest), else None: write it."""
         live = self.current(obj)

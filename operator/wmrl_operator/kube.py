@@ -83,6 +83,40 @@ def load_configuration() -> k8s_client.Configuration:
     return cfg
 
 
+def adopted_managed_fields(entries: list[dict[str, Any]], manager: str = FIELD_MANAGER
+                           ) -> Optional[list[dict[str, Any]]]:
+    """``metadata.managedFields`` with the fields ``manager`` set by plain writes (``Update`` entries,
+    as a POST records them) moved into its ``Apply`` entry of the same API version; None when it has
+    none to move.
+
+    Server-side apply removes a field that a new manifest leaves out only if the applier owns it
+    *as an applier*: a child created by POST and later applied without one of its fields would keep
+    it, owned by the ``Update`` entry. This is client-go's ``csaupgrade`` step for the same manager
+    name: after it, the next apply owns, and prunes, everything the operator ever wrote.
+    """
+    def mine(entry: dict[str, Any], operation: str) -> bool:
+        return (entry.get("manager") == manager and entry.get("operation") == operation
+                and not entry.get("subresource"))
+
+    updates = [e for e in entries if mine(e, "Update")]
+    if not updates:
+        return None
+    kept = [e for e in entries if not mine(e, "Update")]
+    for update in updates:
+        applied = next((e for e in kept if mine(e, "Apply") and e.get("apiVersion") == update.get("apiVersion")), None)
+        if applied is None:
+            kept.append({**update, "operation": "Apply"})
+        else:
+            kept[kept.index(applied)] = {**applied, "fieldsV1": _union(applied.get("fieldsV1") or {},
+                                                                        update.get("fieldsV1") or {})}
+    return kept
+
+
+def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two ``FieldsV1`` trees (nested maps of field paths) as one: the fields of either."""
+    return {key: _union(a.get(key) or {}, b.get(key) or {}) for key in {**a, **b}}
+
+
 class Kube:
     """Async JSON calls against one apiserver. Create inside the running event loop."""
 
@@ -186,9 +220,17 @@ class Kube:
                     if line.strip():
                         yield json.loads(line)
 
-    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, obj: dict[str, Any], field_manager: Optional[str] = None) -> dict[str, Any]:
+        """POST one namespaced object (409 when it exists). With ``field_manager`` its fields are
+        recorded as that manager's, in an ``Update`` entry (see :func:`adopted_managed_fields`)."""
         meta = obj["metadata"]
-        return await self.request("POST", path_for(obj["apiVersion"], obj["kind"], meta["namespace"]), obj)
+        params = {"fieldManager": field_manager} if field_manager else None
+        return await self.request("POST", path_for(obj["apiVersion"], obj["kind"], meta["namespace"]), obj, params)
+
+    async def json_patch(self, api_version: str, kind: str, namespace: str, name: str,
+                         operations: list[dict[str, Any]]) -> dict[str, Any]:
+        return await self.request("PATCH", path_for(api_version, kind, namespace, name), operations,
+                                  content_type="application/json-patch+json")
 
     async def merge_patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any],
                           subresource: str = "") -> dict[str, Any]:

@@ -30,10 +30,13 @@ def _samples(port):
     return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
 
 
-def _writes(port, result):
-    """Children written (``applied``) or skipped, by kind."""
-    return {s.labels["kind"]: s.value for s in _samples(port)
-            if s.name == "wmrl_operator_child_writes_total" and s.labels.get("result") == result}
+def _writes(port, *results):
+    """Children created (known absent), applied or skipped (the ``results`` named), by kind."""
+    out = {}
+    for s in _samples(port):
+        if s.name == "wmrl_operator_child_writes_total" and s.labels.get("result") in results:
+            out[s.labels["kind"]] = out.get(s.labels["kind"], 0) + s.value
+    return out
 
 
 def _spec_reconciles(port):
@@ -66,7 +69,7 @@ def resumed(crd_installed, namespace, kube, tmp_path_factory):
             kube.apply(run_manifest(name))
         for name in RUNS:
             wait_for(lambda: kube.get("job", f"{name}-trainer"), timeout=60, what=f"{name}'s trainer Job")
-        first_writes = _writes(port, "applied")
+        first_writes = _writes(port, "created", "applied")
     finally:
         first.stop()
     second, port = _start(crd_installed, namespace, tmp, "second")
@@ -78,7 +81,7 @@ def resumed(crd_installed, namespace, kube, tmp_path_factory):
 def test_a_restarted_operator_resumes_its_runs_without_rewriting_a_child(resumed):
     _, port, first_writes = resumed
     assert sum(first_writes.values()) >= 10 * len(RUNS)  # the first process really wrote them
-    assert _writes(port, "applied") == {}
+    assert _writes(port, "created", "applied") == {}
     skipped = _writes(port, "skipped")
     assert set(skipped) == set(first_writes)  # every kind it wrote before is known and unchanged
     assert sum(skipped.values()) >= 10 * len(RUNS)
@@ -91,8 +94,8 @@ def test_a_child_deleted_by_hand_is_made_again(resumed, kube):
     new = wait_for(lambda: (kube.get("service", "rho-a-sandbox") or {}).get("metadata", {}).get("uid"),
                    timeout=30, what="the sandbox Service made again")
     assert new != old
-    assert _writes(port, "applied").get("Service") == 1  # that one, and nothing else
-    assert set(_writes(port, "applied")) == {"Service"}
+    assert _writes(port, "created").get("Service") == 1  # that one (known gone: a POST), and nothing else
+    assert set(_writes(port, "created", "applied")) == {"Service"}
 
 
 def test_a_field_edited_by_hand_after_our_write_is_written_back_at_the_next_spec_reconcile(resumed, kube):
@@ -106,8 +109,34 @@ def test_a_field_edited_by_hand_after_our_write_is_written_back_at_the_next_spec
     kube.run("patch", "wmrlrun", "rho-b", "-n", kube.ns, "--type=merge", "-p",
              json.dumps({"spec": {"sandbox": {"image": ours}}}))
     wait_for(lambda: image() == ours, timeout=30, what="the new sandbox image applied")
-    assert _writes(port, "applied").get("Deployment", 0) == before + 1
+    # Counted once the write is done (the first apply over a POSTed child is followed by two more requests).
+    deployments = lambda: _writes(port, "applied").get("Deployment", 0)
+    wait_for(lambda: deployments() >= before + 1, timeout=10, what="the write counted")
+    assert deployments() == before + 1
     kube.run("set", "image", f"deployment/{name}", "-n", kube.ns, "*=example.invalid/not-ours:1")
     kube.run("annotate", "wmrlrun", "rho-b", "-n", kube.ns, "example.com/touch=1")
     wait_for(lambda: image() == ours, timeout=30, what="the sandbox image written back")
-    assert _writes(port, "applied").get("Deployment", 0) == before + 2
+    wait_for(lambda: deployments() >= before + 2, timeout=10, what="the write counted")
+    assert deployments() == before + 2
+
+
+def test_a_field_the_spec_drops_is_removed_from_a_child_first_created_by_post(resumed, kube):
+    """A child known to be absent is created with a POST, whose fields the apiserver records as an
+    ``Update``; a server-side apply alone would then keep a field that a later manifest leaves out.
+    The operator takes those fields over at its first apply, so the field goes."""
+    _, port, _ = resumed
+    name = "rho-d-sandbox"
+    template = lambda: kube.get("deployment", name)["spec"]["template"]["spec"]
+    managers = lambda: {(e["manager"], e["operation"]) for e in json.loads(kube.run(
+        "get", "deployment", name, "-n", kube.ns, "-o", "json", "--show-managed-fields").stdout)["metadata"]["managedFields"]}
+    created = _writes(port, "created").get("Deployment", 0)
+    kube.apply(run_manifest("rho-d", sandbox={"runtimeClassName": "gvisor"}))
+    wait_for(lambda: kube.get("deployment", name), timeout=30, what="the sandbox Deployment")
+    assert template()["runtimeClassName"] == "gvisor"
+    assert ("wmrl-operator", "Update") in managers()  # made by a POST
+    assert _writes(port, "created").get("Deployment", 0) >= created + 1
+    res = kube.run("patch", "wmrlrun", "rho-d", "-n", kube.ns, "--type=json", "-p",
+                   '[{"op":"remove","path":"/spec/sandbox/runtimeClassName"}]', check=False)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: "runtimeClassName" not in template(), timeout=30, what="runtimeClassName removed")
+    assert ("wmrl-operator", "Update") not in managers() and ("wmrl-operator", "Apply") in managers()
