@@ -13,6 +13,11 @@ Measures, with the operator as a separate process (``wmrl operator --standalone`
 The goals are checked against the burst, as the issue states them; the steady figures show
 how much of the burst latency is queueing.
 
+``--direct`` measures the floor instead: no operator; the benchmark itself POSTs each run's
+children (the very objects the operator makes, its token Secret too) the moment the run exists,
+all at once, the Job last. No operator can make them sooner on the same control plane, so the
+difference between the two is what the operator adds, and what is left is the control plane's.
+
 Uses ``KUBECONFIG`` when set, else starts the local control plane of ``tests/cluster``.
 """
 
@@ -94,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="then stop the operator, start a new one and measure how it resumes every run")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=None, metavar="N",
                         help="passed to the operator (default: the operator's)")
+    parser.add_argument("--direct", action="store_true",
+                        help="no operator: the benchmark writes each run's children itself as it creates the run "
+                             "(the control plane's floor for the same objects)")
 
 
 def _repo_cluster_module():
@@ -168,6 +176,8 @@ class ChildWatcher:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.watching = threading.Event()  # set once every watch is open
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.kube: Any = None  # the watches' client, also used to write children in --direct
         self.thread = threading.Thread(target=lambda: asyncio.run(self._watch_all()), daemon=True)
 
     def start(self) -> None:
@@ -177,7 +187,8 @@ class ChildWatcher:
     async def _watch_all(self) -> None:
         from wmrl_operator.kube import Kube
 
-        kube = Kube(self.cfg)
+        kube = self.kube = Kube(self.cfg)
+        self.loop = asyncio.get_running_loop()
         opened = [0]
         try:
             await asyncio.gather(*(self._watch(kube, api_version, kind, opened) for api_version, kind in WATCHED))
@@ -202,6 +213,12 @@ class ChildWatcher:
                         return
             except Exception:  # noqa: BLE001 - reconnect from the last version seen
                 await asyncio.sleep(0.1)
+
+
+async def write_children(kube: Any, objs: list[dict[str, Any]]) -> None:
+    """What ``--direct`` does for each run: POST its children at once, then its Job."""
+    await asyncio.gather(*(kube.create(o, "wmrl-bench") for o in objs if o["kind"] != "Job"))
+    await asyncio.gather(*(kube.create(o, "wmrl-bench") for o in objs if o["kind"] == "Job"))
 
 
 def _wait_healthy(port: int, timeout: float = 60.0) -> None:
@@ -292,10 +309,13 @@ def main(args: argparse.Namespace) -> int:
             "tasks": {"builtin": "mini-ml"}, "trainer": {"gpusPerNode": 0}}
     names = [f"b{i:03d}" for i in range(args.runs)]
     steady_names = [f"s{i:03d}" for i in range(args.steady)]
+    parsed = parse_spec(spec)
     expected = {n: {(o["kind"], o["metadata"]["name"])
-                    for o in builders.children(builders.Run(n, ns, "x"), parse_spec(spec))}
+                    for o in builders.children(builders.Run(n, ns, "x"), parsed)}
                 for n in steady_names + names}
 
+    if args.direct and args.restart:
+        raise SystemExit("wmrl bench operator: --restart measures an operator; --direct runs none")
     health = _free_port()
     log = tempfile.NamedTemporaryFile(prefix="wmrl-bench-operator-", suffix=".log", delete=False)
     command = [sys.executable, "-m", "wmrl.cli", "operator", "--standalone", "--namespace", ns,
@@ -303,19 +323,27 @@ def main(args: argparse.Namespace) -> int:
                "--cache-children" if args.cache_children else "--no-cache-children",
                *([] if args.max_concurrent_reconciles is None
                  else ["--max-concurrent-reconciles", str(args.max_concurrent_reconciles)])]
-    op = subprocess.Popen([*command, "--health-port", str(health), "--metrics-port", "0"],
-                          env=env, stdout=log, stderr=subprocess.STDOUT)
+    op = None if args.direct else subprocess.Popen([*command, "--health-port", str(health), "--metrics-port", "0"],
+                                                   env=env, stdout=log, stderr=subprocess.STDOUT)
     result: dict[str, Any] = {}
+    writes: list[Any] = []  # --direct: each run's children being written
     try:
-        _wait_healthy(health)
-        baseline = _peak_rss_mb(op.pid)
+        if op is not None:
+            _wait_healthy(health)
+        baseline = _peak_rss_mb(op.pid) if op is not None else {}
         watcher = ChildWatcher(cfg, ns)
         watcher.start()
 
         def create(name: str) -> float:
             body = {"apiVersion": "wmrl.dev/v1alpha1", "kind": "WMRLRun", "metadata": {"name": name}, "spec": spec}
-            custom.create_namespaced_custom_object("wmrl.dev", "v1alpha1", ns, "wmrlruns", body)
-            return time.time()
+            made = custom.create_namespaced_custom_object("wmrl.dev", "v1alpha1", ns, "wmrlruns", body)
+            at = time.time()
+            if args.direct:
+                run = builders.Run(name, ns, made["metadata"]["uid"])
+                objs = [builders.stamped(o) for o in builders.children(run, parsed)]
+                objs.insert(0, builders.calibration_token_secret(run, parsed, uuid.uuid4().hex))
+                writes.append(asyncio.run_coroutine_threadsafe(write_children(watcher.kube, objs), watcher.loop))
+            return at
 
         def wait_for(pending: list[str], done: dict[str, float], give_up: float) -> None:
             while any(n not in done for n in pending) and time.monotonic() < give_up:
@@ -336,10 +364,13 @@ def main(args: argparse.Namespace) -> int:
         done: dict[str, float] = {}
         wait_for(names, done, give_up)
         watcher.stop.set()
+        for write in writes:
+            write.result()  # a refused write is an error of the benchmark, not a slow run
         latencies = [done[n] - created[n] for n in names if n in done]
-        rss = _peak_rss_mb(op.pid)
+        rss = _peak_rss_mb(op.pid) if op is not None else {}
         result = {
             "benchmark": "operator",
+            "writer": "direct (no operator)" if args.direct else "operator",
             "runs": len(names),
             "children_per_run": len(next(iter(expected.values()))),
             "completed": len(done),
@@ -349,8 +380,8 @@ def main(args: argparse.Namespace) -> int:
             "steady": {"runs": len(steady_names), "completed": len(steady_done),
                        "create_to_children_s": _latency_summary(
                            [steady_done[n] - steady_created[n] for n in steady_names if n in steady_done])},
-            "operator_peak_rss_mb": round(rss.get("VmHWM", float("nan")), 1),
-            "operator_idle_rss_mb": round(baseline.get("VmRSS", float("nan")), 1),
+            "operator_peak_rss_mb": round(rss["VmHWM"], 1) if rss else None,
+            "operator_idle_rss_mb": round(baseline["VmRSS"], 1) if baseline else None,
             "completion_curve": completion_curve(min(created.values()), list(done.values())) if created else [],
             "max_concurrent_reconciles": args.max_concurrent_reconciles,
             "cache_children": args.cache_children,
@@ -360,18 +391,20 @@ def main(args: argparse.Namespace) -> int:
         measured = {"p50_s": p["p50"], "p95_s": p["p95"], "total_s": result["total_s"],
                     "operator_peak_rss_mb": result["operator_peak_rss_mb"]}
         result["goals_met"] = {k: measured[k] is not None and measured[k] < goal
-                               for k, goal in result["goals"].items()}
+                               for k, goal in result["goals"].items()
+                               if not (args.direct and k == "operator_peak_rss_mb")}  # no operator to measure
         if args.plot and created:
             start = min(created.values())
             plot_burst([t - start for t in created.values()], [t - start for t in done.values()], args.plot,
                        result["goals"].get("total_s"))
-        op.terminate()
-        op.wait(15)
+        if op is not None:
+            op.terminate()
+            op.wait(15)
         if args.restart:
             result["restart"] = measure_restart(command, env, len(names) + len(steady_names),
                                                 max(1.0, give_up - time.monotonic()))
     finally:
-        if op.poll() is None:
+        if op is not None and op.poll() is None:
             op.terminate()
             try:
                 op.wait(15)

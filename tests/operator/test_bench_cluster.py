@@ -38,6 +38,29 @@ def test_bench_operator_measures_steady_and_burst_runs(crd_installed, tmp_path):
     assert restart["children_written"] == 0 and restart["children_skipped"] >= 5 * 10
 
 
+def test_bench_operator_direct_writes_the_same_children_with_no_operator(crd_installed, tmp_path):
+    """The floor: no operator process at all, so every child the benchmark saw it wrote itself,
+    and they are the operator's objects (owned by their run, with the operator's labels)."""
+    env = {**os.environ, "KUBECONFIG": str(crd_installed.kubeconfig)}
+    res = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "operator", "--runs", "3", "--steady", "1",
+                          "--timeout", "120", "--direct", "--keep"], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(res.stdout[res.stdout.index("{"):])
+    assert result["writer"] == "direct (no operator)" and result["runs"] == result["completed"] == 3
+    assert result["operator_peak_rss_mb"] is None and "operator_peak_rss_mb" not in result["goals_met"]
+    assert 0 < result["create_to_children_s"]["p50"] <= result["create_to_children_s"]["max"] <= result["total_s"]
+    namespace = next(line.split()[0] for line in crd_installed.kubectl("get", "wmrlruns", "-A", "--no-headers").stdout.splitlines()
+                     if line.split()[1] == "b002")
+    try:
+        job = json.loads(crd_installed.kubectl("get", "job", "b002-trainer", "-n", namespace, "-o", "json").stdout)
+        run = json.loads(crd_installed.kubectl("get", "wmrlrun", "b002", "-n", namespace, "-o", "json").stdout)
+        assert job["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
+        assert "status" not in run or not run["status"].get("phase")  # no operator touched the run
+        assert crd_installed.kubectl("get", "secret", "-n", namespace, "-o", "name").stdout.count("calibration") == 4
+    finally:
+        crd_installed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
 def test_the_completion_curve_and_the_goals_by_burst_size():
     from wmrl_operator.bench import completion_curve, goals_for
 
