@@ -371,6 +371,7 @@ def main(args: argparse.Namespace) -> int:
         result = {
             "benchmark": "operator",
             "writer": "direct (no operator)" if args.direct else "operator",
+            "namespace": ns,
             "runs": len(names),
             "children_per_run": len(next(iter(expected.values()))),
             "completed": len(done),

@@ -7,9 +7,9 @@ Least privilege, and why each rule is there:
   ``/status`` for phase/conditions; ``/finalizers`` because owner references set
   ``blockOwnerDeletion`` (OwnerReferencesPermissionEnforcement);
 - the children it creates (ConfigMaps, Services, ServiceAccounts, Roles, RoleBindings, Jobs,
-  Deployments, NetworkPolicies): create/patch (server-side apply), get/list/watch, delete
-  (trainer restarts);
-- PersistentVolumeClaims get: a spec naming a missing claim is reported as InvalidSpec;
+  Deployments, NetworkPolicies): create (a POST when the cache knows the child is absent),
+  patch (server-side apply), get/list/watch, delete (trainer restarts, pruning);
+- PersistentVolumeClaims get: a run naming a missing claim waits (WaitingForReferences);
 - EndpointSlices get/list/watch: the trainer's Role grants it, and RBAC only lets a subject grant
   what it holds itself (no ``escalate``/``bind`` needed);
 - Events: transitions are posted as Events;

@@ -49,8 +49,7 @@ def test_bench_operator_direct_writes_the_same_children_with_no_operator(crd_ins
     assert result["writer"] == "direct (no operator)" and result["runs"] == result["completed"] == 3
     assert result["operator_peak_rss_mb"] is None and "operator_peak_rss_mb" not in result["goals_met"]
     assert 0 < result["create_to_children_s"]["p50"] <= result["create_to_children_s"]["max"] <= result["total_s"]
-    namespace = next(line.split()[0] for line in crd_installed.kubectl("get", "wmrlruns", "-A", "--no-headers").stdout.splitlines()
-                     if line.split()[1] == "b002")
+    namespace = result["namespace"]  # its own: an earlier benchmark's namespace may still be terminating
     try:
         job = json.loads(crd_installed.kubectl("get", "job", "b002-trainer", "-n", namespace, "-o", "json").stdout)
         run = json.loads(crd_installed.kubectl("get", "wmrlrun", "b002", "-n", namespace, "-o", "json").stdout)

@@ -76,6 +76,29 @@ def _workload(kube, run):
     return items[0] if items else None
 
 
+def _trainer_pods(kube, run):
+    return kube.items("pods", f"wmrl.dev/run={run},app.kubernetes.io/component=trainer")
+
+
+def _explained(kube, operator, run, wait):
+    """Run ``wait``; if it times out, say where the run stood: its trainer pods (phase, node,
+    scheduling), its Job's conditions, every GPU pod in the cluster and the operator's last lines."""
+    try:
+        return wait()
+    except AssertionError as exc:
+        pods = [(p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName"),
+                 (p["metadata"].get("annotations") or {}).get("wmrl.dev/kwok-phase"),
+                 [(c["type"], c["status"], c.get("message")) for c in p["status"].get("conditions") or []])
+                for p in _trainer_pods(kube, run)]
+        job = kube.get("job", f"{run}-trainer") or {}
+        gpu_pods = kube.run("get", "pods", "-A", "-o", "wide", "--field-selector", "spec.nodeName!=",
+                            check=False).stdout
+        log = operator.log_path.read_text(errors="replace").splitlines()[-30:]
+        raise AssertionError("\n".join([str(exc), f"trainer pods: {pods}",
+                                        f"job status: {job.get('status')}", f"run status: {kube.status(run)}",
+                                        "scheduled pods:", gpu_pods, "operator log:", *log])) from None
+
+
 def test_a_second_run_waits_for_the_quota_and_starts_when_the_first_finishes(kube, operator, local_queue, kwok_nodes):
     kube.apply(queued_run("q-first"))
     wait_for(lambda: _suspended(kube, "q-first") is False, timeout=60, what="the first run admitted")
@@ -100,9 +123,13 @@ def test_a_second_run_waits_for_the_quota_and_starts_when_the_first_finishes(kub
     assert _sandbox_replicas(kube, "q-first") == 1  # the admitted one has its pool (minReplicas)
 
     # The first run finishes: Kueue releases its quota and admits the second.
-    wait_for(lambda: kube.finish_pods("q-first", "Succeeded") or kube.status("q-first").get("phase") == "Succeeded",
-             timeout=60, what="the first run's pods finished")
-    wait_for(lambda: kube.status("q-first").get("phase") == "Succeeded", timeout=60, what="the first run done")
+    _explained(kube, operator, "q-first", lambda: wait_for(
+        lambda: _trainer_pods(kube, "q-first") and all(p["status"].get("phase") == "Running"
+                                                       for p in _trainer_pods(kube, "q-first")),
+        timeout=90, what="the first run's trainer pod running on a GPU node"))
+    kube.finish_pods("q-first", "Succeeded")
+    _explained(kube, operator, "q-first", lambda: wait_for(
+        lambda: kube.status("q-first").get("phase") == "Succeeded", timeout=60, what="the first run done"))
     wait_for(lambda: _suspended(kube, "q-second") is False, timeout=60, what="the second run admitted")
     wait_for(lambda: _reason(kube, "q-second") != "Queued", what="the second run no longer queued")
     assert kube.status("q-second").get("startTime")
