@@ -50,10 +50,12 @@ class Kube:
         self.run("patch", "wmrlrun", name, "-n", self.ns, "--subresource=status", "--type=merge",
                  "-p", json.dumps({"status": status}))
 
+    def trainer_pods(self, run):
+        return self.items("pods", f"wmrl.dev/run={run},app.kubernetes.io/component=trainer")
+
     def finish_pods(self, run, phase):
         """kwok: annotate the trainer pods so they terminate with ``phase``."""
-        pods = [p for p in self.items("pods", f"wmrl.dev/run={run},app.kubernetes.io/component=trainer")
-                if p["status"].get("phase") not in ("Succeeded", "Failed")]
+        pods = [p for p in self.trainer_pods(run) if p["status"].get("phase") not in ("Succeeded", "Failed")]
         for pod in pods:
             self.run("annotate", "pod", pod["metadata"]["name"], "-n", self.ns, f"wmrl.dev/kwok-phase={phase}", "--overwrite")
         return len(pods)

@@ -76,27 +76,27 @@ def _workload(kube, run):
     return items[0] if items else None
 
 
-def _trainer_pods(kube, run):
-    return kube.items("pods", f"wmrl.dev/run={run},app.kubernetes.io/component=trainer")
+def _all_running(pods):
+    return bool(pods) and all(p["status"].get("phase") == "Running" for p in pods)
 
 
 def _explained(kube, operator, run, wait):
     """Run ``wait``; if it times out, say where the run stood: its trainer pods (phase, node,
-    scheduling), its Job's conditions, every GPU pod in the cluster and the operator's last lines."""
+    scheduling), its Job's status, every scheduled pod in the cluster and the operator's last lines."""
     try:
         return wait()
     except AssertionError as exc:
         pods = [(p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName"),
                  (p["metadata"].get("annotations") or {}).get("wmrl.dev/kwok-phase"),
                  [(c["type"], c["status"], c.get("message")) for c in p["status"].get("conditions") or []])
-                for p in _trainer_pods(kube, run)]
+                for p in kube.trainer_pods(run)]
         job = kube.get("job", f"{run}-trainer") or {}
-        gpu_pods = kube.run("get", "pods", "-A", "-o", "wide", "--field-selector", "spec.nodeName!=",
+        scheduled = kube.run("get", "pods", "-A", "-o", "wide", "--field-selector", "spec.nodeName!=",
                             check=False).stdout
         log = operator.log_path.read_text(errors="replace").splitlines()[-30:]
         raise AssertionError("\n".join([str(exc), f"trainer pods: {pods}",
                                         f"job status: {job.get('status')}", f"run status: {kube.status(run)}",
-                                        "scheduled pods:", gpu_pods, "operator log:", *log])) from None
+                                        "scheduled pods:", scheduled, "operator log:", *log])) from None
 
 
 def test_a_second_run_waits_for_the_quota_and_starts_when_the_first_finishes(kube, operator, local_queue, kwok_nodes):
@@ -124,9 +124,7 @@ def test_a_second_run_waits_for_the_quota_and_starts_when_the_first_finishes(kub
 
     # The first run finishes: Kueue releases its quota and admits the second.
     _explained(kube, operator, "q-first", lambda: wait_for(
-        lambda: _trainer_pods(kube, "q-first") and all(p["status"].get("phase") == "Running"
-                                                       for p in _trainer_pods(kube, "q-first")),
-        timeout=90, what="the first run's trainer pod running on a GPU node"))
+        lambda: _all_running(kube.trainer_pods("q-first")), timeout=90, what="the first run's trainer pod running on a GPU node"))
     kube.finish_pods("q-first", "Succeeded")
     _explained(kube, operator, "q-first", lambda: wait_for(
         lambda: kube.status("q-first").get("phase") == "Succeeded", timeout=60, what="the first run done"))
@@ -156,13 +154,12 @@ def test_a_preempted_trainer_pod_is_replaced_and_is_not_a_restart(kube, operator
     condition; the Job's podFailurePolicy ignores such a failure: a new Pod, no Job failure, no restart."""
     kube.apply(run_manifest("evicted"))
     wait_for(lambda: kube.status("evicted").get("phase") == "Running", timeout=60, what="Running")
-    selector = "wmrl.dev/run=evicted,app.kubernetes.io/component=trainer"
-    [pod] = kube.items("pods", selector)
+    [pod] = kube.trainer_pods("evicted")
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": pod["metadata"]["name"], "namespace": kube.ns}}
     kube.run("create", "--raw", f"/api/v1/namespaces/{kube.ns}/pods/{pod['metadata']['name']}/eviction",
              "-f", "-", input=json.dumps(eviction))
-    replacement = wait_for(lambda: [p for p in kube.items("pods", selector)
+    replacement = wait_for(lambda: [p for p in kube.trainer_pods("evicted")
                                     if p["metadata"]["uid"] != pod["metadata"]["uid"]], timeout=60,
                            what="a replacement pod")
     assert len(replacement) == 1
