@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from wmrl_bench.speedup import (ABLATION_ORDER, ARMS, BIAS_GRID, HEADLINE_OPTIMISM, WIDE_POLICY, WIDE_SETTINGS, arm_config,
-                                 level_summary)
+from wmrl_bench.design import (ABLATION_ORDER, ARMS, BIAS_GRID, HEADLINE_OPTIMISM, WIDE_POLICY, WIDE_SETTINGS, Job,
+                               arm_config)
+from wmrl_bench.speedup import level_summary
 
 
 def test_arms_differ_only_in_their_spec():
@@ -151,7 +152,7 @@ def test_the_wide_preset_trains_the_wide_coder_and_samples_its_held_out_scripts(
 
 
 def test_a_finished_run_is_reused_only_for_the_same_job(tmp_path):
-    from wmrl_bench.arm_run import Job, _finished, _identity
+    from wmrl_bench.arm_run import _finished, _identity
 
     job = Job(arm="wmrl", seed=2, optimism=0.2, steps=12, budget_s=40.0, eval_points=4, slots=2, judge_cost=1.0,
               sandbox_urls=["http://127.0.0.1:1"], table_path="/x.jsonl", work_dir=str(tmp_path))

@@ -14,7 +14,7 @@ Held-out reward is exact for single turns: the expected real reward under the po
 sampling distribution, summed over every script it can write for each held-out task
 (:func:`wmrl_demo.script_space.script_distribution`), with each script's real outcome from
 the table. No sampling noise, so 20 seeds measure the seeds, not the evaluation. Multi-turn
-runs sample :data:`~wmrl_bench.speedup.EVAL_TRAJECTORIES` trajectories per task instead
+runs sample :data:`~wmrl_bench.design.EVAL_TRAJECTORIES` trajectories per task instead
 (each turn shown its real feedback, from the table; the same sampling seed at every
 evaluation of a run), and report the best-turn reward, the first turn's and the repair rate.
 """
@@ -26,32 +26,13 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-
-@dataclass
-class Job:
-    arm: str
-    seed: int
-    optimism: float
-    steps: int  # the step budget (real) or the step cap (every other arm)
-    budget_s: Optional[float]  # None: run ``steps`` steps (the real arm, which sets the budget)
-    eval_points: int
-    slots: int
-    judge_cost: float
-    sandbox_urls: list[str]
-    table_path: str
-    work_dir: str
-    spec_overrides: dict[str, Any] = field(default_factory=dict)
-    threads: int = 1
-    live: bool = False  # execute every rollout on the sandboxes (no table hits): modelled vs measured cost
-
-    def name(self) -> str:
-        return f"{self.arm}-b{self.optimism:g}-s{self.seed}"
+from wmrl_bench.design import EVAL_TRAJECTORIES, WIDE_POLICY, Job, arm_config
 
 
 def policy_scripts(model: Any, tokenizer: Any, task: Any, sampling: Any) -> list[tuple[str, float]]:
@@ -101,7 +82,6 @@ def run_job(job: Job) -> dict[str, Any]:
 
     from wmrl_bench.cost import step_cost
     from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
-    from wmrl_bench.speedup import EVAL_TRAJECTORIES, WIDE_POLICY, arm_config
     from wmrl_demo.demo_policy import load_builtin
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
     from wmrl_trainer.local import local_runtime, quiet_libraries

@@ -5,23 +5,9 @@ than real-execution GRPO (most rollouts are graded by the world model instead of
 on sandboxes), reaches GRPO's final score 3.1-3.4x sooner and ends higher. This benchmark
 tests that claim on this machine, at demo scale.
 
-**Arms** (:data:`ARMS`; one field of the same run each, nothing else differs):
-
-| arm | spec |
-| --- | --- |
-| ``real`` | ``mode: real``: every rollout executed (the GRPO baseline) |
-| ``worldModel`` | ``mode: worldModel``: the judge alone, no anchors |
-| ``wmrl`` | ``mode: wmrl``, debiasing and denoising on (the paper's "both") |
-| ``none`` | ``mode: wmrl``, debiasing and denoising off |
-| ``debias`` | ``mode: wmrl``, debiasing only |
-| ``denoise`` | ``mode: wmrl``, denoising only |
-| ``wmrlOnline`` | ``wmrl`` with ``worldModel.learnOnline: true`` (beyond the paper) |
-
-**The judge** is the paper's: frozen (``learnOnline: false``), the ``learned`` backend's
-static judge with its built-in complexity bias and hash-seeded noise, plus an optimism
-that grows with script complexity (``worldModel.optimism``). The bias strengths are
-pre-registered in :data:`BIAS_GRID` and every one is reported; :data:`HEADLINE_OPTIMISM`
-(fixed before any measurement) is the level whose figures fill the top-level JSON keys.
+**The experiment** (the run every arm shares, the arms, the judge's pre-registered bias
+levels, the presets and the jobs) is :mod:`.design`'s; each job trains in its own process
+(:mod:`.arm_run`).
 
 **Equal cost.** The ``real`` arm runs its step budget; the mean of its cost is the budget
 every other arm spends (``--budget`` overrides). A step's cost is :mod:`.cost`'s: the
@@ -58,97 +44,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from wmrl.api.runconfig import RunConfig, from_manifest
-
-ARMS: dict[str, dict[str, Any]] = {
-    "real": {"mode": "real"},
-    "worldModel": {"mode": "worldModel"},
-    "wmrl": {"mode": "wmrl", "debiasing": True, "denoising": True},
-    "none": {"mode": "wmrl", "debiasing": False, "denoising": False},
-    "debias": {"mode": "wmrl", "debiasing": True, "denoising": False},
-    "denoise": {"mode": "wmrl", "debiasing": False, "denoising": True},
-    "wmrlOnline": {"mode": "wmrl", "debiasing": True, "denoising": True, "learnOnline": True},
-}
-ABLATION_ORDER = ("none", "denoise", "debias", "wmrl")
-"""The paper's ablation order, predicted lowest to highest final reward (both > debiasing > denoising > none)."""
-
-BIAS_GRID = (0.0, 0.1, 0.2, 0.3)
-"""Pre-registered judge optimism levels (``spec.worldModel.optimism``); every one is run and reported."""
-HEADLINE_OPTIMISM = 0.2
-"""Chosen before any measurement: the level whose figures fill the top-level ``arms``/``speedup`` keys."""
-
-BASE_SPEC: dict[str, Any] = {
-    "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers",
-               "sampling": {"temperature": 1.0, "maxNewTokens": 8}},
-    "worldModel": {"backend": "learned"},
-    "tasks": {"builtin": "mini-ml", "heldOut": ["iris", "wine", "diabetes", "friedman3"]},
-    "algorithm": {
-        "groupSize": 8, "groupsPerStep": 4, "learningRate": 0.002, "maxTurns": 1,
-        "anchors": {"fraction": 0.25, "minPerStep": 1, "maxConcurrent": 8},
-        "debiasing": {"minPairs": 32, "refitEvery": 16},
-        "denoising": {"warmup": 4, "halfLife": 16},
-    },
-    "sandbox": {"timeoutSeconds": 60},
-    "trainer": {"gpusPerNode": 0, "checkpoint": {"intervalSteps": 100000}},  # one local process
-}
-"""The quickstart's run (examples/quickstart.yaml) with the paper's frozen judge; the bench sets mode, seed and steps."""
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # Seeds per arm; the ablation arms (ABLATION_ORDER) get "ablation_seeds".
-    "quick": {"seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4, "bias_grid": (HEADLINE_OPTIMISM,),
-              "arms": ("real", "worldModel", *ABLATION_ORDER)},
-    "full": {"seeds": 10, "ablation_seeds": 20, "steps": 20, "eval_points": 10, "bias_grid": BIAS_GRID,
-             "arms": tuple(ARMS)},
-    # The paper's 4-turn loop with the multi-turn tiny coder; held-out reward from sampled trajectories.
-    "multiturn": {"seeds": 3, "ablation_seeds": 3, "steps": 12, "eval_points": 4, "bias_grid": (HEADLINE_OPTIMISM,),
-                  "arms": ("real", "worldModel", "wmrl"), "max_turns": 4},
-    # The wide action space (preprocessing chains, large models, hyperparameter tokens, wrappers) where the
-    # judge's optimism for complexity can be exploited; held-out reward from sampled scripts.
-    "wide": {"seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4, "bias_grid": BIAS_GRID,
-             "arms": ("real", "worldModel", *ABLATION_ORDER), "space": "wide"},
-}
-MULTI_TURN_POLICY = "tiny-coder-multiturn"
-WIDE_POLICY = "tiny-coder-wide"
-WIDE_SETTINGS = {"max_new_tokens": 9, "timeout_seconds": 10}
-"""The wide space's run: room for its longest warm-start script (load, 3 preprocessing steps, a model, 3 knobs,
-an end), and a sandbox timeout that large ensembles and searches sometimes hit (a timeout is a runtime error)."""
-EVAL_TRAJECTORIES = 256
-"""Held-out trajectories (scripts) sampled per task and evaluation in multi-turn and wide-space runs (too many
-to enumerate; each is graded from the outcome table)."""
-
-
-def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dict[str, Any] = BASE_SPEC,
-               group_size: Optional[int] = None, groups_per_step: Optional[int] = None,
-               held_out: Optional[Sequence[str]] = None, max_turns: int = 1, space: str = "tiny") -> RunConfig:
-    """The run of ``arm`` at ``seed`` and judge ``optimism``: the base spec with the arm's fields, nothing else
-    (``max_turns`` > 1: the multi-turn tiny coder with that many turns; ``space`` "wide": the wide tiny coder
-    with :data:`WIDE_SETTINGS`)."""
-    settings = ARMS[arm]
-    spec = json.loads(json.dumps(base))
-    spec["mode"] = settings["mode"]
-    alg = spec.setdefault("algorithm", {})
-    alg["seed"], alg["steps"] = seed, steps
-    if max_turns > 1:
-        alg["maxTurns"] = max_turns
-        spec["policy"]["model"] = f"builtin:{MULTI_TURN_POLICY}"
-    if space == "wide":
-        spec["policy"]["model"] = f"builtin:{WIDE_POLICY}"
-        spec["policy"]["sampling"]["maxNewTokens"] = WIDE_SETTINGS["max_new_tokens"]
-        spec["sandbox"]["timeoutSeconds"] = WIDE_SETTINGS["timeout_seconds"]
-    if group_size is not None:
-        alg["groupSize"] = group_size
-    if groups_per_step is not None:
-        alg["groupsPerStep"] = groups_per_step
-    if held_out:
-        spec["tasks"]["heldOut"] = list(held_out)
-    if "debiasing" in settings:
-        alg.setdefault("debiasing", {})["enabled"] = settings["debiasing"]
-        alg.setdefault("denoising", {})["enabled"] = settings["denoising"]
-    spec["worldModel"]["optimism"] = optimism
-    spec["worldModel"]["learnOnline"] = bool(settings.get("learnOnline", False))
-    return from_manifest({"apiVersion": "wmrl.dev/v1alpha1", "kind": "WMRLRun",
-                          "metadata": {"name": f"speedup-{arm.lower()}-s{seed}"}, "spec": spec})
-
+from wmrl_bench.arm_run import policy_scripts, run_job
+from wmrl_bench.design import (ABLATION_ORDER, ARMS, BASE_SPEC, BIAS_GRID, EVAL_TRAJECTORIES, HEADLINE_OPTIMISM,
+                               PRESETS, Job, arm_config, world_model_jobs)
 
 # ---------------------------------------------------------------- aggregation (pure)
 
@@ -302,23 +200,8 @@ def _exp(value: Optional[float]) -> Optional[float]:
 
 # ---------------------------------------------------------------- running
 
-def _jobs(arms: Sequence[str], levels: Sequence[float], seeds: int, ablation_seeds: int, **common: Any) -> list:
-    from wmrl_bench.arm_run import Job
-
-    jobs = []
-    for level in sorted(levels, key=lambda b: b != HEADLINE_OPTIMISM):  # the headline level first
-        for arm in arms:
-            if arm == "real":
-                continue  # the real arm has no world model: run once, shared by every level
-            n = ablation_seeds if arm in ABLATION_ORDER else seeds
-            jobs += [Job(arm=arm, seed=s, optimism=level, **common) for s in range(n)]
-    return jobs
-
-
-def run_jobs(jobs: list, workers: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Run ``jobs`` in ``workers`` fresh processes (spawned: torch is never forked); results in job order."""
-    from wmrl_bench.arm_run import run_job
-
     if workers <= 1:
         results = []
         for i, job in enumerate(jobs):
@@ -351,7 +234,6 @@ def sandboxes_start_warm(urls: Sequence[str]) -> bool:
 
 def prefill_held_out(table_dispatcher: Any, held_out: Sequence[Any], sampling: Any) -> int:
     """Execute every script the policy can write for the held-out tasks once (all have probability > 0)."""
-    from wmrl_bench.arm_run import policy_scripts
     from wmrl_demo.demo_policy import load_builtin
 
     model, tokenizer = load_builtin("tiny-coder")
@@ -463,8 +345,6 @@ def main(args: argparse.Namespace) -> int:
             common = {"eval_points": eval_points, "slots": args.slots, "judge_cost": args.judge_cost,
                       "sandbox_urls": services.sandbox_urls, "table_path": str(table.path), "work_dir": str(work_dir),
                       "spec_overrides": overrides}
-            from wmrl_bench.arm_run import Job
-
             if args.live:
                 return _live(args, steps, levels[0], common, log, started, warm)
             real_jobs = [Job(arm="real", seed=s, optimism=0.0, steps=steps, budget_s=None, **common)
@@ -473,7 +353,7 @@ def main(args: argparse.Namespace) -> int:
             budget = args.budget or float(np.mean([r["cost_s"] for r in real_runs]))
             log(json.dumps({"event": "budget", "budget_s": round(budget, 2)}))
             cap = int(math.ceil(steps * args.cap))
-            others = run_jobs(_jobs(arms, levels, seeds, ablation_seeds, steps=cap, budget_s=budget, **common),
+            others = run_jobs(world_model_jobs(arms, levels, seeds, ablation_seeds, steps=cap, budget_s=budget, **common),
                               args.workers, log)
     finally:
         if own_dir:
@@ -519,8 +399,6 @@ def _live(args: argparse.Namespace, steps: int, optimism: float, common: dict[st
     trainer's own wall-clock is what those steps really took here (HTTP, queueing on
     ``--sandboxes`` servers, a loaded machine). Their ratio says how far to trust the model.
     """
-    from wmrl_bench.arm_run import Job
-
     real = run_jobs([Job(arm="real", seed=0, optimism=0.0, steps=steps, budget_s=None, live=True, **common)], 1, log)[0]
     budget = args.budget or real["cost_s"]
     wmrl = run_jobs([Job(arm="wmrl", seed=0, optimism=optimism, steps=int(math.ceil(steps * args.cap)),
