@@ -168,7 +168,7 @@ def test_concurrent_writers_keep_every_line_whole(tmp_path, tasks):
 def test_curves_hold_after_their_last_evaluation(rewards):
     import numpy as np
 
-    from wmrl_bench.speedup import on_grid
+    from wmrl_bench.analysis import on_grid
 
     run = {"curve": [{"cost_s": 10.0 * i, "reward": r, "executions": 8 * i} for i, r in enumerate(rewards)]}
     grid = np.linspace(0, 10.0 * (len(rewards) + 3), 17)

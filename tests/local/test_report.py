@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 from wmrl_bench.report import load_results, markdown_table
 
 from wmrl_bench.design import ABLATION_ORDER
-from wmrl_bench.speedup import REACH_TOLERANCE, crossing, level_summary
+from wmrl_bench.analysis import REACH_TOLERANCE, crossing, level_summary
 
 def _run(arm: str, seed: int, rewards: list[float], cost_per_eval: float, executions_per_eval: int) -> dict:
     curve = [{"cost_s": cost_per_eval * i, "reward": r, "executions": executions_per_eval * i, "step": 5 * i}

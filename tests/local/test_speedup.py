@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from wmrl_bench.analysis import level_summary
 from wmrl_bench.design import (ABLATION_ORDER, ARMS, BIAS_GRID, HEADLINE_OPTIMISM, WIDE_POLICY, WIDE_SETTINGS, Job,
                                arm_config)
-from wmrl_bench.speedup import level_summary
 
 
 def test_arms_differ_only_in_their_spec():
