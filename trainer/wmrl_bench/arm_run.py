@@ -32,7 +32,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from wmrl_bench.cost import step_cost
 from wmrl_bench.design import EVAL_TRAJECTORIES, WIDE_POLICY, Job, arm_config
+from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
 
 
 def policy_scripts(model: Any, tokenizer: Any, task: Any, sampling: Any) -> list[tuple[str, float]]:
@@ -78,10 +80,9 @@ def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], 
 
 def run_job(job: Job) -> dict[str, Any]:
     """Train one (arm, bias level, seed) until the budget or the step cap; its curve and costs."""
+    # torch takes seconds to import: only a training run pays for it, not `wmrl bench speedup --help`.
     import torch
 
-    from wmrl_bench.cost import step_cost
-    from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
     from wmrl_demo.demo_policy import load_builtin
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
     from wmrl_trainer.local import local_runtime, quiet_libraries

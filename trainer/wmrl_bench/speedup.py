@@ -36,12 +36,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import httpx
 import numpy as np
 
+from wmrl_bench import report
 from wmrl_bench.analysis import level_summary
 from wmrl_bench.arm_run import policy_scripts, run_job
 from wmrl_bench.design import (ARMS, BASE_SPEC, BIAS_GRID, EVAL_TRAJECTORIES, HEADLINE_OPTIMISM, PRESETS, Job,
                                arm_config, world_model_jobs)
+from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
+from wmrl_demo.demo_policy import load_builtin
 
 
 def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -71,15 +75,11 @@ def _progress_line(result: dict[str, Any], done: int, total: int) -> str:
 
 def sandboxes_start_warm(urls: Sequence[str]) -> bool:
     """Whether every sandbox server forks its executions from a warm fork server (their /healthz)."""
-    import httpx
-
     return all(httpx.get(f"{url}/healthz", timeout=30).json().get("warm", {}).get("ready", 0) > 0 for url in urls)
 
 
 def prefill_held_out(table_dispatcher: Any, held_out: Sequence[Any], sampling: Any) -> int:
     """Execute every script the policy can write for the held-out tasks once (all have probability > 0)."""
-    from wmrl_demo.demo_policy import load_builtin
-
     model, tokenizer = load_builtin("tiny-coder")
     items = [(task, code) for task in held_out for code, _ in policy_scripts(model, tokenizer, task, sampling)]
     return table_dispatcher.fill(items)
@@ -129,8 +129,6 @@ def _csv(text: Optional[str], cast: Callable[[str], Any]) -> Optional[list]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from wmrl_bench import report
-    from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
     from wmrl_demo.suite import SUITE_VERSION, builtin_suite
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
     from wmrl_trainer.local import LocalServices, quiet_libraries
