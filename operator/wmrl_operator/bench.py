@@ -40,9 +40,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+from wmrl.api.schema import API_VERSION, GROUP, KIND, PLURAL, VERSION, parse_spec
+from wmrl.api.vocabulary import MANAGED_BY_SELECTOR
+
 GOALS = {"p50_s": 1.0, "p95_s": 3.0, "total_s": 60.0, "operator_peak_rss_mb": 250.0}
 LARGE_BURST = 1000
-MANAGED_BY = "app.kubernetes.io/managed-by=wmrl-operator"
 LARGE_BURST_GOALS = {"total_s": 180.0, "operator_peak_rss_mb": 400.0}  # all children in 3 minutes
 
 
@@ -196,14 +198,14 @@ class ChildWatcher:
             await kube.close()
 
     async def _watch(self, kube: Any, api_version: str, kind: str, opened: list[int]) -> None:
-        listing = await kube.list_metadata(api_version, kind, self.ns, label_selector=MANAGED_BY)
+        listing = await kube.list_metadata(api_version, kind, self.ns, label_selector=MANAGED_BY_SELECTOR)
         version = listing["metadata"]["resourceVersion"]
         opened[0] += 1
         if opened[0] == len(WATCHED):
             self.watching.set()
         while not self.stop.is_set():
             try:
-                async for event in kube.watch_metadata(api_version, kind, self.ns, MANAGED_BY, version, timeout_s=30):
+                async for event in kube.watch_metadata(api_version, kind, self.ns, MANAGED_BY_SELECTOR, version, timeout_s=30):
                     obj = event["object"]
                     version = obj["metadata"].get("resourceVersion") or version
                     if event["type"] in ("ADDED", "MODIFIED"):
@@ -286,8 +288,7 @@ def main(args: argparse.Namespace) -> int:
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
 
-    from wmrl.api.crd import crd_yaml
-    from wmrl.api.schema import parse_spec
+    from wmrl.api.crd import CRD_NAME, crd_yaml
     from wmrl_operator import builders
 
     kubeconfig, kubectl, started_cluster = _kubeconfig_and_kubectl()
@@ -297,7 +298,7 @@ def main(args: argparse.Namespace) -> int:
         subprocess.run([kubectl, *a], input=input, text=True, env=env, check=True, capture_output=True)
 
     kc("apply", "-f", "-", input=crd_yaml())
-    kc("wait", "--for", "condition=established", "crd/wmrlruns.wmrl.dev", "--timeout=60s")
+    kc("wait", "--for", "condition=established", f"crd/{CRD_NAME}", "--timeout=60s")
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     kc("create", "namespace", ns)
 
@@ -335,8 +336,8 @@ def main(args: argparse.Namespace) -> int:
         watcher.start()
 
         def create(name: str) -> float:
-            body = {"apiVersion": "wmrl.dev/v1alpha1", "kind": "WMRLRun", "metadata": {"name": name}, "spec": spec}
-            made = custom.create_namespaced_custom_object("wmrl.dev", "v1alpha1", ns, "wmrlruns", body)
+            body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
+            made = custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
             at = time.time()
             if args.direct:
                 run = builders.Run(name, ns, made["metadata"]["uid"])

@@ -31,29 +31,24 @@ from wmrl.api.runconfig import (
 )
 from wmrl.calibration import TOKEN_ENV
 from wmrl.calibration.state import CalibrationConfig
-from wmrl.api.schema import API_VERSION, KIND, Mode, Resources, WMRLRunSpec
+from wmrl.api.schema import API_VERSION, GROUP, KIND, PLURAL, Mode, Resources, WMRLRunSpec
+from wmrl.api.vocabulary import (
+    ADMISSION_LABELS,
+    APPLIED_HASH,
+    CALIBRATION_LABEL,
+    CALIBRATION_READER_LABEL,
+    COMPONENT_LABEL,
+    MANAGED_BY,
+    QUEUE_LABEL,
+    RUN_LABEL,
+)
 
-RUN_LABEL = "wmrl.dev/run"
-CALIBRATION_LABEL = "wmrl.dev/calibration"
-CALIBRATION_READER_LABEL = "wmrl.dev/calibration-reader"
-"""On the operator's own Pods: a calibration's NetworkPolicy admits them to read it (into the run's status)."""
 TOKEN_KEY = "token"
-# Kueue: a run labelled with a LocalQueue hands its trainer Job to Kueue, which admits it by
-# unsuspending it. The labels are copied from the run to the Job, as Kueue's own integrations do.
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
-ADMISSION_LABELS = (QUEUE_LABEL, PRIORITY_CLASS_LABEL)
-KUEUE_WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
-KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # on the Workload Kueue makes for a Job
+KUEUE_WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")  # Kueue's record of a Job it queues
 # A Pod that the scheduler preempted or that an eviction or node drain removed gets this
 # condition: its failure is not the trainer's, so it neither fails the Job nor counts as a restart.
 DISRUPTION_IGNORED = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget",
                                                                            "status": "True"}]}]}
-COMPONENT_LABEL = "app.kubernetes.io/component"
-APPLIED_HASH = "wmrl.dev/applied-hash"
-"""Annotation on every applied child: the hash of the manifest the operator applied (``stamped``)."""
-MANAGED_BY = {"app.kubernetes.io/managed-by": "wmrl-operator"}
-MANAGED_BY_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 CONFIG_MOUNT = "/etc/wmrl"
 TASKS_MOUNT = "/tasks"
 WORK_DIR = "/work"
@@ -359,8 +354,8 @@ def trainer_rbac(run: Run) -> list[dict[str, Any]]:
     """ServiceAccount + Role + RoleBinding: patch this run's status, discover sandbox pods, read its config."""
     name = trainer_name(run)
     rules = [
-        {"apiGroups": ["wmrl.dev"], "resources": ["wmrlruns"], "resourceNames": [run.name], "verbs": ["get"]},
-        {"apiGroups": ["wmrl.dev"], "resources": ["wmrlruns/status"], "resourceNames": [run.name], "verbs": ["get", "patch"]},
+        {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [run.name], "verbs": ["get"]},
+        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": [run.name], "verbs": ["get", "patch"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [config_name(run)], "verbs": ["get"]},
     ]

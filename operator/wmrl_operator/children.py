@@ -1,7 +1,7 @@
 """What the operator knows of its children, so that a reconcile writes only the ones that are
 missing or differ.
 
-Every child is applied with the annotation :data:`builders.APPLIED_HASH` (a hash of the manifest
+Every child is applied with the annotation :data:`~wmrl.api.vocabulary.APPLIED_HASH` (a hash of the manifest
 the operator meant). One :class:`ChildWatch` per kind in :data:`INDEXED_KINDS` (and per watched
 namespace) lists and then watches the children the operator manages, as *metadata only*
 (``PartialObjectMetadata``: no spec, no status), and keeps for each its applied hash, its version
@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 # kopf serves, exclusions ("!team-*") and comma lists included.
 from kopf._cogs.structs.references import match_namespace
 
-from wmrl_operator import builders
+from wmrl.api.vocabulary import APPLIED_HASH, MANAGED_BY_SELECTOR, RUN_LABEL
 from wmrl_operator.kube import ApiError
 
 log = logging.getLogger("wmrl.operator")
@@ -68,8 +68,8 @@ class Seen:
 def seen(meta: Mapping[str, Any]) -> Seen:
     annotations = meta.get("annotations") or {}
     version = meta.get("generation") or meta.get("resourceVersion") or ""
-    return Seen(annotations.get(builders.APPLIED_HASH), str(version), str(meta.get("uid") or ""),
-                (meta.get("labels") or {}).get(builders.RUN_LABEL))
+    return Seen(annotations.get(APPLIED_HASH), str(version), str(meta.get("uid") or ""),
+                (meta.get("labels") or {}).get(RUN_LABEL))
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -128,7 +128,7 @@ class ChildWatch:
         token: Optional[str] = None
         while True:
             page = await self.kube.list_metadata(self.api_version, self.kind, self.namespace,
-                                                 label_selector=builders.MANAGED_BY_SELECTOR, limit=PAGE,
+                                                 label_selector=MANAGED_BY_SELECTOR, limit=PAGE,
                                                  continue_token=token)
             for item in page.get("items") or []:
                 meta = item.get("metadata") or {}
@@ -146,7 +146,7 @@ class ChildWatch:
 
     async def _watch(self, version: str) -> str:
         async for event in self.kube.watch_metadata(self.api_version, self.kind, self.namespace,
-                                                    label_selector=builders.MANAGED_BY_SELECTOR,
+                                                    label_selector=MANAGED_BY_SELECTOR,
                                                     resource_version=version, timeout_s=self.watch_timeout):
             kind, obj = event.get("type"), event.get("object") or {}
             meta = obj.get("metadata") or {}
@@ -262,7 +262,7 @@ class Children:
     def unchanged(self, obj: Mapping[str, Any]) -> Optional[Seen]:
         """The live child when it already is ``obj`` (a stamped manifest), else None: write it."""
         live = self.current(obj)
-        wanted = (obj["metadata"].get("annotations") or {}).get(builders.APPLIED_HASH)
+        wanted = (obj["metadata"].get("annotations") or {}).get(APPLIED_HASH)
         if live is None or wanted is None or live.applied_hash != wanted:
             return None
         if self._mine(obj).get(_key(obj), live.version) != live.version:
@@ -279,5 +279,5 @@ class Children:
 
     def _mine(self, obj: Mapping[str, Any]) -> dict[tuple[str, str, str, str], str]:
         meta = obj["metadata"]
-        owner = (meta.get("labels") or {}).get(builders.RUN_LABEL, "")  # "": a shared calibration's objects
+        owner = (meta.get("labels") or {}).get(RUN_LABEL, "")  # "": a shared calibration's objects
         return self._written.setdefault((meta["namespace"], owner), {})

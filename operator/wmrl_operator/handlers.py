@@ -1,7 +1,7 @@
 """Thin kopf handlers: every one of them hands over to ``Reconciler``.
 
 - WMRLRun create/update/resume -> full reconcile (re-apply every child);
-- trainer Job events (label ``wmrl.dev/run``) -> status reconcile of the owning run;
+- trainer Job events (label :data:`~wmrl.api.vocabulary.RUN_LABEL`) -> status reconcile of the owning run;
 - with ``cache_children`` (the default): metadata watches of the other children (``children.py``),
   so a reconcile writes only the children that are missing or differ; a child deleted by hand ->
   full reconcile of its run (made again);
@@ -26,8 +26,8 @@ import kopf
 from prometheus_client import Counter, Histogram
 
 from wmrl.api.schema import GROUP, PLURAL, VERSION, field_errors, parse_spec
+from wmrl.api.vocabulary import RUN_LABEL
 from wmrl_operator import children
-from wmrl_operator.builders import RUN_LABEL
 from wmrl_operator.kube import Kube
 from wmrl_operator.reconcile import Reconciler, Settings
 

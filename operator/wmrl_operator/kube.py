@@ -16,6 +16,8 @@ import aiohttp
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from wmrl.api.schema import API_VERSION, KIND, PLURAL
+
 FIELD_MANAGER = "wmrl-operator"
 
 # (apiVersion, kind) -> plural; the API prefix follows from apiVersion.
@@ -32,7 +34,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
-    ("wmrl.dev/v1alpha1", "WMRLRun"): "wmrlruns",
+    (API_VERSION, KIND): PLURAL,
     ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
 }
 

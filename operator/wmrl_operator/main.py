@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+from wmrl.api.vocabulary import FINALIZER, KOPF_ANNOTATION_PREFIX, LAST_HANDLED_CONFIGURATION, WEBHOOK_CONFIGURATION
+
 SKIPPED = {"settings", "k8s_skip"}  # kopf's internal extras
 RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -127,10 +129,10 @@ def operator_settings(args: argparse.Namespace) -> Any:
     settings.watching.client_timeout = args.watch_timeout + 30
     settings.watching.connect_timeout = 30
     settings.watching.reconnect_backoff = 1.0
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="wmrl.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="wmrl.dev",
-                                                                            key="last-handled-configuration")
-    settings.persistence.finalizer = "wmrl.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=KOPF_ANNOTATION_PREFIX,
+                                                                            key=LAST_HANDLED_CONFIGURATION)
+    settings.persistence.finalizer = FINALIZER
     # Events: our own transitions are posted explicitly; kopf only posts its warnings/errors.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "wmrl-operator"
@@ -142,7 +144,7 @@ def operator_settings(args: argparse.Namespace) -> Any:
         from wmrl_operator.webhook import webhook_server
 
         settings.admission.server = webhook_server(args.webhook_port, args.webhook_host)
-        settings.admission.managed = "wmrl.dev"
+        settings.admission.managed = WEBHOOK_CONFIGURATION
     return settings
 
 

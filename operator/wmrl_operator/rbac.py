@@ -31,12 +31,15 @@ from typing import Any
 
 import yaml
 
+from wmrl.api.schema import GROUP, PLURAL
+from wmrl.api.vocabulary import WEBHOOK_CONFIGURATION
+
 CHILD_VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
 
 CLUSTER_ROLE_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["wmrl.dev"], "resources": ["wmrlruns"], "verbs": ["get", "list", "watch", "patch", "update", "delete"]},
-    {"apiGroups": ["wmrl.dev"], "resources": ["wmrlruns/status"], "verbs": ["get", "patch", "update"]},
-    {"apiGroups": ["wmrl.dev"], "resources": ["wmrlruns/finalizers"], "verbs": ["update"]},
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch", "update", "delete"]},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch", "update"]},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
     {"apiGroups": [""], "resources": ["configmaps", "services", "serviceaccounts"], "verbs": CHILD_VERBS},
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": CHILD_VERBS},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": CHILD_VERBS},
@@ -64,8 +67,6 @@ def lease_rules(lease: str) -> list[dict[str, Any]]:
     ]
 
 
-# The name kopf gives its managed webhook configurations: ``settings.admission.managed`` in main.py.
-WEBHOOK_CONFIGURATION = "wmrl.dev"
 WEBHOOK_RESOURCES = ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
 
 WEBHOOK_RULES: list[dict[str, Any]] = [

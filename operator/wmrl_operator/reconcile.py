@@ -23,7 +23,22 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from wmrl.api.runconfig import CALIBRATION_PORT
-from wmrl.api.schema import API_VERSION, KIND, Phase, WMRLRunSpec, field_errors, parse_spec
+from wmrl.api.schema import API_VERSION, KIND, PLURAL, Phase, WMRLRunSpec, field_errors, parse_spec
+from wmrl.api.vocabulary import (
+    DEADLINE,
+    INVALID_SPEC,
+    KUEUE_JOB_UID_LABEL,
+    MAX_RESTARTS,
+    OWNERSHIP_CONFLICT,
+    REFERENCE_MISSING,
+    RESTARTING,
+    RUN_LABEL,
+    RUNNING_CONDITION,
+    SANDBOX_SCALED,
+    TRAINER_COMPLETED,
+    TRAINER_RESTARTED,
+    WAITING_FOR_REFERENCES,
+)
 from wmrl_operator import builders, status as st
 from wmrl_operator.autoscaler import Recommendations, demand_of
 from wmrl_operator.children import Children
@@ -184,8 +199,8 @@ class Reconciler:
             spec = parse_spec(body.get("spec") or {})
         except ValidationError as exc:
             message = "; ".join(field_errors(exc))
-            patch = st.status_patch(status, Phase.FAILED.value, st.INVALID_SPEC, message, generation, now_s)
-            await self._transition(body, status, patch, "Warning", st.INVALID_SPEC, message)
+            patch = st.status_patch(status, Phase.FAILED.value, INVALID_SPEC, message, generation, now_s)
+            await self._transition(body, status, patch, "Warning", INVALID_SPEC, message)
             return
 
         if st.is_finished(status):
@@ -204,14 +219,14 @@ class Reconciler:
         if conflicts and job is None:
             # Writing would take over another run's (or a shared) calibration: create nothing, say which.
             message = "; ".join(conflicts)
-            patch = st.status_patch(status, Phase.PENDING.value, st.OWNERSHIP_CONFLICT, message, generation, now_s)
-            await self._transition(body, status, patch, "Warning", st.OWNERSHIP_CONFLICT, message)
+            patch = st.status_patch(status, Phase.PENDING.value, OWNERSHIP_CONFLICT, message, generation, now_s)
+            await self._transition(body, status, patch, "Warning", OWNERSHIP_CONFLICT, message)
             return
         if missing and job is None:
             # Nothing started yet: wait for the objects (they may be created after the run), create nothing.
             message = "; ".join(missing)
-            patch = st.status_patch(status, Phase.PENDING.value, st.WAITING_FOR_REFERENCES, message, generation, now_s)
-            await self._transition(body, status, patch, "Warning", st.WAITING_FOR_REFERENCES, message)
+            patch = st.status_patch(status, Phase.PENDING.value, WAITING_FOR_REFERENCES, message, generation, now_s)
+            await self._transition(body, status, patch, "Warning", WAITING_FOR_REFERENCES, message)
             return
 
         js = st.job_state(job)
@@ -219,9 +234,9 @@ class Reconciler:
         start_time = status.get("startTime")
 
         if st.deadline_exceeded(start_time, spec.active_deadline_seconds, now) or (
-                js.state == "failed" and js.reason == st.DEADLINE):
+                js.state == "failed" and js.reason == DEADLINE):
             message = f"the run exceeded spec.activeDeadlineSeconds ({spec.active_deadline_seconds} s)"
-            await self._finish(body, run, spec, status, Phase.FAILED.value, st.DEADLINE, message, now_s,
+            await self._finish(body, run, spec, status, Phase.FAILED.value, DEADLINE, message, now_s,
                                job_to_delete=job)
             return
 
@@ -230,19 +245,19 @@ class Reconciler:
                 if restarts >= spec.failure_policy.max_restarts:
                     message = (f"the trainer failed {restarts + 1} times (spec.failurePolicy.maxRestarts is "
                                f"{spec.failure_policy.max_restarts}); last failure: {js.reason}: {js.message}".rstrip(": "))
-                    await self._finish(body, run, spec, status, Phase.FAILED.value, st.MAX_RESTARTS, message, now_s,
+                    await self._finish(body, run, spec, status, Phase.FAILED.value, MAX_RESTARTS, message, now_s,
                                        lastFailedTrainer=js.uid)
                     return
                 restarts += 1
                 message = f"trainer Job failed ({js.reason}); restart {restarts} of {spec.failure_policy.max_restarts}, resuming from checkpoint"
-                patch = st.status_patch(status, Phase.PENDING.value, "Restarting", message, generation, now_s,
+                patch = st.status_patch(status, Phase.PENDING.value, RESTARTING, message, generation, now_s,
                                         restarts=restarts, lastFailedTrainer=js.uid)
-                status = await self._transition(body, status, patch, "Warning", "TrainerRestarted", message)
+                status = await self._transition(body, status, patch, "Warning", TRAINER_RESTARTED, message)
             await self.kube.delete("batch/v1", "Job", run.namespace, builders.trainer_name(run), uid=js.uid)
             job, js = None, st.JobState("absent")
 
         if js.state == "succeeded":
-            await self._finish(body, run, spec, status, Phase.SUCCEEDED.value, "TrainerCompleted",
+            await self._finish(body, run, spec, status, Phase.SUCCEEDED.value, TRAINER_COMPLETED,
                                "the trainer Job completed", js.completion_time or now_s)
             return
 
@@ -272,10 +287,10 @@ class Reconciler:
         if phase == Phase.PENDING.value and js.state == "absent" and status.get("phase") == Phase.PENDING.value:
             reason, message = status_reason(status, reason, message)
         if missing:  # a trainer runs with what it mounted: never fail it over a reference, say so
-            reason = st.REFERENCE_MISSING
+            reason = REFERENCE_MISSING
             message = "; ".join(missing) + f" (the trainer keeps what it mounted; phase {phase} unchanged)"
         if conflicts:  # a running trainer keeps its calibration; the conflicting objects are left alone
-            reason = st.OWNERSHIP_CONFLICT
+            reason = OWNERSHIP_CONFLICT
             message = "; ".join(conflicts) + f" (left untouched; phase {phase} unchanged)"
         fields: dict[str, Any] = {"restarts": restarts}
         if start_time:
@@ -437,7 +452,7 @@ class Reconciler:
     async def _set_workload_active(self, run: builders.Run, job: dict[str, Any], active: bool) -> None:
         """Kueue's way to stop (and later requeue) a workload: ``spec.active`` of the Workload that
         Kueue made for the trainer Job (found by Kueue's job-uid label). No Kueue, no Workload: no-op."""
-        selector = f"{builders.KUEUE_JOB_UID_LABEL}={job['metadata'].get('uid', '')}"
+        selector = f"{KUEUE_JOB_UID_LABEL}={job['metadata'].get('uid', '')}"
         try:
             workloads = await self.kube.list(*builders.KUEUE_WORKLOAD, run.namespace, selector)
         except ApiError as exc:
@@ -451,7 +466,7 @@ class Reconciler:
 
     async def _prune(self, run: builders.Run, desired: list[dict[str, Any]]) -> None:
         """Delete the children a spec change made unwanted (no GPU stays allocated to an old vLLM)."""
-        selector = f"{builders.RUN_LABEL}={run.name}"
+        selector = f"{RUN_LABEL}={run.name}"
         for api_version, kind in builders.PRUNABLE:
             existing = [{**o, "kind": kind} for o in await self.kube.list(api_version, kind, run.namespace, selector)]
             for obj in builders.unwanted(run, desired, existing):
@@ -502,7 +517,7 @@ class Reconciler:
             new["lastScaleTime"] = st.now_iso()
             log.info("sandbox scaled", extra={"run": run.name, "namespace": run.namespace, "from": current,
                                                "to": desired, "demand": demand_of(status)})
-            await self.events(body, "Normal", "SandboxScaled", f"sandbox pool scaled from {current} to {desired} "
+            await self.events(body, "Normal", SANDBOX_SCALED, f"sandbox pool scaled from {current} to {desired} "
                                                          f"(demand {demand_of(status)})")
         new = {k: v for k, v in new.items() if v is not None}
         if old != new:
@@ -534,7 +549,7 @@ class Reconciler:
         if not st.changed(status, patch):
             return status
         old_phase = status.get("phase")
-        old_reason = (st.get_condition(status, "Running") or {}).get("reason")
+        old_reason = (st.get_condition(status, RUNNING_CONDITION) or {}).get("reason")
         new_status = await self._patch_status(body, patch)
         meta = body["metadata"]
         if old_phase != patch.get("phase") or (old_reason != reason and patch.get("phase") != Phase.FAILED.value):
@@ -548,7 +563,7 @@ class Reconciler:
         meta = body["metadata"]
         log.info("ttlSecondsAfterFinished passed: deleting the run", extra={"run": meta["name"], "namespace": meta["namespace"]})
         try:
-            await self.kube.request("DELETE", f"/apis/{API_VERSION}/namespaces/{meta['namespace']}/wmrlruns/{meta['name']}",
+            await self.kube.request("DELETE", f"/apis/{API_VERSION}/namespaces/{meta['namespace']}/{PLURAL}/{meta['name']}",
                                     {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
                                      "preconditions": {"uid": meta.get("uid")}})
         except ApiError as exc:
@@ -559,7 +574,7 @@ class Reconciler:
 
 def status_reason(status: dict[str, Any], reason: str, message: str) -> tuple[str, str]:
     """Keep a 'Restarting' reason while the replacement Job is being created."""
-    running = st.get_condition(status, "Running") or {}
-    if running.get("reason") == "Restarting":
+    running = st.get_condition(status, RUNNING_CONDITION) or {}
+    if running.get("reason") == RESTARTING:
         return running["reason"], running.get("message", message)
     return reason, message

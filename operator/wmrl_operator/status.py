@@ -18,16 +18,23 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from wmrl.api.schema import Phase
+from wmrl.api.vocabulary import (
+    COMPLETE_CONDITION,
+    FAILED_CONDITION,
+    INVALID_SPEC,
+    NOT_COMPLETE,
+    NOT_FAILED,
+    NOT_SUSPENDED,
+    QUEUED,
+    RUNNING_CONDITION,
+    SUSPENDED,
+    SUSPENDED_CONDITION,
+    TRAINER_COMPLETED,
+    TRAINER_PENDING,
+    TRAINER_RUNNING,
+)
 
 TERMINAL = (Phase.SUCCEEDED.value, Phase.FAILED.value)
-INVALID_SPEC = "InvalidSpec"
-WAITING_FOR_REFERENCES = "WaitingForReferences"
-REFERENCE_MISSING = "ReferenceMissing"
-OWNERSHIP_CONFLICT = "OwnershipConflict"
-QUEUED = "Queued"  # waiting for Kueue to admit the trainer Job
-MAX_RESTARTS = "MaxRestartsExceeded"
-DEADLINE = "DeadlineExceeded"
-CONDITION_TYPES = ("Running", "Suspended", "Complete", "Failed")
 
 
 def now_iso(now: Optional[dt.datetime] = None) -> str:
@@ -99,7 +106,7 @@ def get_condition(status: dict[str, Any], type_: str) -> Optional[dict[str, Any]
 
 def invalid_spec_failure(status: dict[str, Any]) -> bool:
     """A run Failed only because its spec was invalid may be corrected and then proceeds."""
-    failed = get_condition(status, "Failed")
+    failed = get_condition(status, FAILED_CONDITION)
     return bool(failed and failed.get("status") == "True" and failed.get("reason") == INVALID_SPEC)
 
 
@@ -112,15 +119,15 @@ def conditions_for(phase: str, reason: str, message: str, old: list[dict[str, An
     """All four condition types consistent with ``phase``; ``reason``/``message`` describe it."""
     conds = list(old)
     running = phase == Phase.RUNNING.value
-    conds = set_condition(conds, "Running", "True" if running else "False", reason, message, generation, now)
-    conds = set_condition(conds, "Suspended", "True" if phase == Phase.SUSPENDED.value else "False",
-                          reason if phase == Phase.SUSPENDED.value else "NotSuspended",
+    conds = set_condition(conds, RUNNING_CONDITION, "True" if running else "False", reason, message, generation, now)
+    conds = set_condition(conds, SUSPENDED_CONDITION, "True" if phase == Phase.SUSPENDED.value else "False",
+                          reason if phase == Phase.SUSPENDED.value else NOT_SUSPENDED,
                           message if phase == Phase.SUSPENDED.value else "", generation, now)
-    conds = set_condition(conds, "Complete", "True" if phase == Phase.SUCCEEDED.value else "False",
-                          reason if phase == Phase.SUCCEEDED.value else "NotComplete",
+    conds = set_condition(conds, COMPLETE_CONDITION, "True" if phase == Phase.SUCCEEDED.value else "False",
+                          reason if phase == Phase.SUCCEEDED.value else NOT_COMPLETE,
                           message if phase == Phase.SUCCEEDED.value else "", generation, now)
-    conds = set_condition(conds, "Failed", "True" if phase == Phase.FAILED.value else "False",
-                          reason if phase == Phase.FAILED.value else "NotFailed",
+    conds = set_condition(conds, FAILED_CONDITION, "True" if phase == Phase.FAILED.value else "False",
+                          reason if phase == Phase.FAILED.value else NOT_FAILED,
                           message if phase == Phase.FAILED.value else "", generation, now)
     return conds
 
@@ -144,22 +151,22 @@ def changed(old: dict[str, Any], patch: dict[str, Any]) -> bool:
 
 def is_queued(status: dict[str, Any]) -> bool:
     """Waiting for Kueue to admit the trainer (``phase_from_job``'s reason ``Queued``)."""
-    return (get_condition(status, "Running") or {}).get("reason") == QUEUED
+    return (get_condition(status, RUNNING_CONDITION) or {}).get("reason") == QUEUED
 
 
 def phase_from_job(js: JobState, suspended: bool, queue: Optional[str] = None) -> tuple[str, str, str]:
     """(phase, reason, message) for a non-failed, non-terminal trainer Job; ``queue``: the Kueue
     LocalQueue that admits it (its Job stays suspended until then)."""
     if js.state == "succeeded":
-        return Phase.SUCCEEDED.value, "TrainerCompleted", "the trainer Job completed"
+        return Phase.SUCCEEDED.value, TRAINER_COMPLETED, "the trainer Job completed"
     if queue and not suspended and js.state in ("suspended", "absent"):
         return (Phase.PENDING.value, QUEUED,
                 f"waiting for Kueue to admit the trainer Job (LocalQueue {queue!r}); it starts once admitted")
     if suspended or js.state == "suspended":
-        return Phase.SUSPENDED.value, "Suspended", "spec.suspend is true: trainer suspended, pools scaled to zero"
+        return Phase.SUSPENDED.value, SUSPENDED, "spec.suspend is true: trainer suspended, pools scaled to zero"
     if js.state == "running":
-        return Phase.RUNNING.value, "TrainerRunning", "the trainer is running"
-    return Phase.PENDING.value, "TrainerPending", "waiting for the trainer pods to become ready"
+        return Phase.RUNNING.value, TRAINER_RUNNING, "the trainer is running"
+    return Phase.PENDING.value, TRAINER_PENDING, "waiting for the trainer pods to become ready"
 
 
 def deadline_exceeded(start_time: Optional[str], active_deadline: Optional[int], now: dt.datetime) -> bool:

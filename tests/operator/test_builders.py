@@ -5,6 +5,7 @@ import pytest
 
 from wmrl.api.runconfig import RunConfig
 from wmrl.api.schema import parse_spec
+from wmrl.api.vocabulary import COMPONENT_LABEL, WEBHOOK_CONFIGURATION
 from wmrl_operator import builders as b
 
 RUN = b.Run("demo", "ns1", "uid-1")
@@ -427,7 +428,7 @@ def test_webhook_rbac_is_limited_to_the_operators_own_configurations():
         assert set(rule["resources"]) == {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"}
         assert not set(rule["verbs"]) & {"get", "list", "watch", "update", "delete", "deletecollection", "*"}
         if rule["verbs"] != ["create"]:  # RBAC cannot limit create by name
-            assert rule["resourceNames"] == [rbac.WEBHOOK_CONFIGURATION], rule
+            assert rule["resourceNames"] == [WEBHOOK_CONFIGURATION], rule
     assert {"apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
             "resourceNames": ["wmrl.dev"], "verbs": ["patch"]} in webhook
@@ -442,7 +443,6 @@ def test_webhook_configuration_name_is_the_one_kopf_manages():
     import argparse
 
     from wmrl_operator.main import add_arguments, operator_settings
-    from wmrl_operator.rbac import WEBHOOK_CONFIGURATION
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -580,7 +580,7 @@ def test_a_run_awaiting_admission_holds_no_pool_and_no_model_server():
     sp = spec(sandbox={"minReplicas": 2}, policy={"model": "Qwen/Qwen3-4B", "rolloutEngine": "vllm",
                                                    "vllmMode": "server"})
     queued = b.Options(admission=(("kueue.x-k8s.io/queue-name", "team-a"),), awaiting_admission=True)
-    replicas = {o["metadata"]["labels"][b.COMPONENT_LABEL]: o["spec"]["replicas"]
+    replicas = {o["metadata"]["labels"][COMPONENT_LABEL]: o["spec"]["replicas"]
                 for o in b.children(RUN, sp, queued) if o["kind"] == "Deployment"}
     # The calibration service keeps running: it holds the (possibly shared) bias estimates, on a CPU.
     assert replicas == {"sandbox": 0, "world-model": 0, "rollout": 0, "calibration": 1}

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from wmrl.api.schema import parse_spec
+from wmrl.api.vocabulary import APPLIED_HASH, RUN_LABEL
 from wmrl_operator import builders as b
 from wmrl_operator import children as children_module
 from wmrl_operator.children import INDEXED_KINDS, RETRY_S, ChildWatch, Children, Seen, retry_delay, seen
@@ -26,7 +27,7 @@ def sandbox():
 
 
 def children_with(obj, version="3", applied_hash=None, uid="u-1"):
-    stamp = b.stamped(obj)["metadata"]["annotations"][b.APPLIED_HASH] if applied_hash is None else applied_hash
+    stamp = b.stamped(obj)["metadata"]["annotations"][APPLIED_HASH] if applied_hash is None else applied_hash
     known = Children()
     watch = known.add(ChildWatch(None, "apps/v1", "Deployment"))
     watch.synced.set()
@@ -59,14 +60,14 @@ def test_any_change_changes_the_stamp(path, value):
     if node.get(path[-1]) == value:
         return
     node[path[-1]] = value
-    stamp = lambda o: b.stamped(o)["metadata"]["annotations"][b.APPLIED_HASH]
+    stamp = lambda o: b.stamped(o)["metadata"]["annotations"][APPLIED_HASH]
     assert stamp(changed) != stamp(obj)
 
 
 def test_a_child_is_skipped_only_when_its_live_stamp_is_the_wanted_one():
     obj = sandbox()
     known, _ = children_with(obj)
-    assert known.unchanged(obj) == Seen(obj["metadata"]["annotations"][b.APPLIED_HASH], "3", "u-1")
+    assert known.unchanged(obj) == Seen(obj["metadata"]["annotations"][APPLIED_HASH], "3", "u-1")
     other = b.stamped(b.sandbox_deployment(RUN, SPEC, b.Options(sandbox_replicas=7)))
     assert known.unchanged(other) is None  # the spec wants something else: write it
 
@@ -87,15 +88,15 @@ def test_a_child_changed_by_someone_else_after_our_write_is_written_again():
     known.written(obj, {"metadata": {"generation": 3, "uid": "u-1"}})
     assert known.unchanged(obj) is not None
     key = (RUN.namespace, obj["metadata"]["name"])
-    index[key] = Seen(obj["metadata"]["annotations"][b.APPLIED_HASH], "4", "u-1")  # edited by hand
+    index[key] = Seen(obj["metadata"]["annotations"][APPLIED_HASH], "4", "u-1")  # edited by hand
     assert known.unchanged(obj) is None
     known.forget(RUN.namespace, RUN.name)  # the run is gone: what we wrote is forgotten
     assert known.unchanged(obj) is not None
 
 
 def test_what_is_kept_takes_generation_before_resource_version():
-    meta = {"annotations": {b.APPLIED_HASH: "h"}, "generation": 2, "resourceVersion": "99", "uid": "u",
-            "labels": {b.RUN_LABEL: "demo"}}
+    meta = {"annotations": {APPLIED_HASH: "h"}, "generation": 2, "resourceVersion": "99", "uid": "u",
+            "labels": {RUN_LABEL: "demo"}}
     assert seen(meta) == Seen("h", "2", "u", "demo")
     assert seen({"resourceVersion": "99"}) == Seen(None, "99", "")
 

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 from kubernetes import client as k8s_client, config as k8s_config
 
-from wmrl_operator import builders, children
+from wmrl.api.vocabulary import APPLIED_HASH, MANAGED_BY, RUN_LABEL
+from wmrl_operator import children
 from wmrl_operator.children import ChildWatch
 from wmrl_operator.kube import Kube as ApiClient
 
@@ -17,9 +18,9 @@ pytestmark = pytest.mark.cluster
 
 
 def _config_map(name, run="r1", stamp="h1", managed=True):
-    labels = {builders.RUN_LABEL: run, **(builders.MANAGED_BY if managed else {})}
+    labels = {RUN_LABEL: run, **(MANAGED_BY if managed else {})}
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "labels": labels, "annotations": {builders.APPLIED_HASH: stamp}},
+            "metadata": {"name": name, "labels": labels, "annotations": {APPLIED_HASH: stamp}},
             "data": {"big": "x" * 4096}}
 
 

@@ -2,6 +2,7 @@
 
 import datetime as dt
 
+from wmrl.api import vocabulary as v
 from wmrl_operator import status as st
 
 
@@ -48,13 +49,13 @@ def test_conditions_keep_transition_time_unless_status_flips():
     by = {c["type"]: c for c in c3}
     assert by["Running"]["status"] == "False" and by["Running"]["lastTransitionTime"] == "T3"
     assert by["Suspended"]["status"] == "True"
-    assert {c["type"] for c in c3} == set(st.CONDITION_TYPES)
+    assert {c["type"] for c in c3} == set(v.CONDITION_TYPES)
 
 
 def test_invalid_spec_failure_is_not_finished():
-    patch = st.status_patch({}, "Failed", st.INVALID_SPEC, "spec.x: bad", 1, "T")
+    patch = st.status_patch({}, "Failed", v.INVALID_SPEC, "spec.x: bad", 1, "T")
     assert st.invalid_spec_failure(patch) and not st.is_finished(patch)
-    done = st.status_patch({}, "Failed", st.MAX_RESTARTS, "m", 1, "T")
+    done = st.status_patch({}, "Failed", v.MAX_RESTARTS, "m", 1, "T")
     assert st.is_finished(done)
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from wmrl.api.runconfig import RunConfig, from_manifest
+from wmrl.api.schema import API_VERSION, KIND
 
 ARMS: dict[str, dict[str, Any]] = {
     "real": {"mode": "real"},
@@ -117,7 +118,7 @@ def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dic
         alg.setdefault("denoising", {})["enabled"] = settings["denoising"]
     spec["worldModel"]["optimism"] = optimism
     spec["worldModel"]["learnOnline"] = bool(settings.get("learnOnline", False))
-    return from_manifest({"apiVersion": "wmrl.dev/v1alpha1", "kind": "WMRLRun",
+    return from_manifest({"apiVersion": API_VERSION, "kind": KIND,
                           "metadata": {"name": f"speedup-{arm.lower()}-s{seed}"}, "spec": spec})
 
 
