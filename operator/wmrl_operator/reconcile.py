@@ -2,15 +2,12 @@
 
 Every entry point (kopf create/update/resume, trainer Job events, timers) ends here, under a
 per-run lock, and always starts from a fresh GET of the run, so a stale event body can never
-double-count a restart. Children have fixed names and are written with server-side apply:
-re-running any step (say, after the operator was SIGKILLed half-way) converges to the same
-objects and never duplicates them.
+double-count a restart. The children are written by :class:`writer.ChildWriter`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import datetime as dt
 import logging
 import math
@@ -32,7 +29,6 @@ from wmrl.api.vocabulary import (
     OWNERSHIP_CONFLICT,
     REFERENCE_MISSING,
     RESTARTING,
-    RUN_LABEL,
     RUNNING_CONDITION,
     SANDBOX_SCALED,
     TRAINER_COMPLETED,
@@ -43,17 +39,14 @@ from wmrl_operator import builders, status as st
 from wmrl_operator.autoscaler import Recommendations, demand_of
 from wmrl_operator.children import Children
 from wmrl_operator.events import EventRecorder
-from wmrl_operator.kube import FIELD_MANAGER, ApiError, Kube, adopted_managed_fields
+from wmrl_operator.kube import ApiError, Kube
+from wmrl_operator.writer import ChildWriter
 
 log = logging.getLogger("wmrl.operator")
 
 CalibrationFetch = Callable[[str], Awaitable[Optional[dict[str, Any]]]]
 COALESCED = Counter("wmrl_operator_reconciles_coalesced_total",
                     "Reconcile requests covered by one already waiting for the same run")
-CHILD_WRITES = Counter("wmrl_operator_child_writes_total",
-                       "Children created (known absent), applied, or skipped because the live object already is the wanted one",
-                       ["kind", "result"])
-ADOPT_ATTEMPTS = 5
 
 
 @dataclass
@@ -76,13 +69,13 @@ class Reconciler:
                  fetch_calibration: Optional[CalibrationFetch] = None, children: Optional[Children] = None):
         self.kube = kube
         self.children = children or Children()  # with no cache started, every child is written
+        self.writer = ChildWriter(kube, self.children, settings.operator_image)
         self.settings = settings
         self.events = EventRecorder(kube)
         self.fetch_calibration = fetch_calibration
         self.locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.recommendations = Recommendations()
         self.slots = asyncio.Semaphore(settings.max_concurrent)
-        self._tokens: set[tuple[str, str]] = set()  # runs' own token Secrets known to exist (namespace, name)
         self._waiting: dict[tuple[str, str], _Waiting] = {}  # the reconcile of a run waiting for its turn
         self._reconciled_at: dict[tuple[str, str], float] = {}  # monotonic time of each run's last reconcile
 
@@ -270,10 +263,10 @@ class Reconciler:
         # A queued run's pools wait at zero until admission, which only a Job event reports: while it
         # waits, and at the event that admits it, it re-applies its children.
         if apply_children or js.state == "absent" or awaiting_admission or (queue and st.is_queued(status)):
-            await self._apply_children(run, spec, start_time, now, job_exists=job is not None,
-                                       skip_calibration=bool(conflicts),
-                                       may_prune=apply_children and generation != 1,
-                                       admission=admission, awaiting_admission=awaiting_admission)
+            await self.writer.write_children(run, spec, start_time, now, job_exists=job is not None,
+                                             skip_calibration=bool(conflicts),
+                                             may_prune=apply_children and generation != 1,
+                                             admission=admission, awaiting_admission=awaiting_admission)
         if job is not None and queue:
             # Kueue owns Job.spec.suspend: suspending a queued run deactivates its Workload instead.
             if spec.suspend or status.get("phase") == Phase.SUSPENDED.value:
@@ -328,127 +321,6 @@ class Reconciler:
                                                         o["metadata"]["name"]) for o in at_stake))
         return [why for obj, found in zip(at_stake, existing) if (why := builders.ownership_conflict(run, obj, found))]
 
-    async def _apply_children(self, run: builders.Run, spec: WMRLRunSpec, start_time: Optional[str],
-                              now: dt.datetime, job_exists: bool, skip_calibration: bool = False,
-                              may_prune: bool = True, admission: tuple[tuple[str, str], ...] = (),
-                              awaiting_admission: bool = False) -> None:
-        """Apply every child; ``may_prune``: delete the ones the spec no longer wants (only a changed
-        spec can make one unwanted, so a run at generation 1 skips the two LISTs)."""
-        calibration = builders.needs_calibration(spec) and not skip_calibration
-        await self.children.ready()  # the caches' first listing (bounded): a restart resumes without rewriting
-        state_uid = None
-        if calibration and builders.calibration_shared(spec):
-            # A shared calibration's state ConfigMap owns the rest of it: it comes first, for its uid.
-            state = next(o for o in builders.calibration_objects(run, spec) if o["kind"] == "ConfigMap")
-            state_uid = (await self._apply_if_changed(state))["metadata"]["uid"]
-        reads = [self.kube.get("apps/v1", "Deployment", run.namespace, builders.sandbox_name(run))]
-        if calibration:
-            reads.append(self._ensure_calibration_token(run, spec, state_uid))  # before the Pods that read it
-        sandbox, *_ = await asyncio.gather(*reads)
-        current = ((sandbox or {}).get("spec") or {}).get("replicas")
-        opts = builders.Options(
-            calibration_state_uid=state_uid,
-            suspended=spec.suspend,
-            sandbox_replicas=current,
-            job_deadline_seconds=st.remaining_deadline(start_time, spec.active_deadline_seconds, now),
-            operator_image=self.settings.operator_image,
-            admission=admission,
-            awaiting_admission=awaiting_admission,
-        )
-        objs = builders.children(run, spec, opts)
-        if skip_calibration:
-            names = {(o["kind"], o["metadata"]["name"]) for o in builders.calibration_objects(run, spec, opts)}
-            objs = [o for o in objs if (o["kind"], o["metadata"]["name"]) not in names]
-        job = [o for o in objs if o["kind"] == "Job"]
-        applied = {("ConfigMap", builders.calibration_state_name(run, spec))} if state_uid else set()
-        others = [o for o in objs if o["kind"] != "Job" and (o["kind"], o["metadata"]["name"]) not in applied]
-        # Independent objects in parallel; the Job last, once its SA, config and Services exist.
-        await asyncio.gather(*(self._apply_if_changed(o) for o in others))
-        if may_prune:
-            await self._prune(run, objs)
-        if not job_exists:
-            try:  # known absent: created (the Job is never applied over; Kueue and suspend are patches)
-                await self.kube.create(builders.stamped(job[0]), FIELD_MANAGER)
-            except ApiError as exc:
-                if exc.status != 409:  # the old incarnation still terminating: the next event retries
-                    raise
-
-    async def _apply_if_changed(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Write ``obj`` unless the live child already is it (``children.Children``): the object's
-        metadata (at least its uid) either way.
-
-        A child known to be absent is created with a POST, which costs the apiserver about half
-        what a server-side apply does (measured: docs/operator.md); anything else is applied, and
-        the first apply over a POSTed child takes the POST's fields over (:func:`adopted_managed_fields`)
-        so that a field the new manifest leaves out is removed, as an apply alone would.
-        """
-        obj = builders.stamped(obj)
-        live = self.children.unchanged(obj)
-        if live is not None:
-            CHILD_WRITES.labels(obj["kind"], "skipped").inc()
-            return {"metadata": {**obj["metadata"], "uid": live.uid}}
-        if self.children.absent(obj):
-            try:
-                response = await self.kube.create(obj, FIELD_MANAGER)
-            except ApiError as exc:
-                if exc.status != 409:  # 409: made meanwhile (the watch lags): apply over it
-                    raise
-            else:
-                self.children.written(obj, response)
-                CHILD_WRITES.labels(obj["kind"], "created").inc()
-                return response
-        response = await self._adopt_posted_fields(obj, await self.kube.apply(obj))
-        self.children.written(obj, response)
-        CHILD_WRITES.labels(obj["kind"], "applied").inc()
-        return response
-
-    async def _adopt_posted_fields(self, obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-        """After an apply over a child first created by POST: move the POST's fields into the
-        operator's Apply entry (:func:`adopted_managed_fields`) and apply again, which then removes
-        the fields ``obj`` leaves out. Once per child at most; ``response`` when there is nothing to move.
-
-        The managed fields are replaced only at the version they were read at: a controller's
-        status write in between (a Deployment's, right after its spec changes) means read again.
-        """
-        api_version, kind, namespace, name = obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
-        for _ in range(ADOPT_ATTEMPTS):
-            meta = response["metadata"]
-            adopted = adopted_managed_fields(meta.get("managedFields") or [])
-            if adopted is None:
-                return response
-            try:
-                await self.kube.json_patch(api_version, kind, namespace, name, [
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-                    {"op": "replace", "path": "/metadata/managedFields", "value": adopted}])
-            except ApiError as exc:
-                if exc.status not in (409, 422):  # 422: the test failed, it changed meanwhile
-                    raise
-                response = await self.kube.get(api_version, kind, namespace, name) or response
-                continue
-            return await self.kube.apply(obj)
-        raise RuntimeError(f"{kind} {namespace}/{name} kept changing while its managed fields were adopted")
-
-    async def _ensure_calibration_token(self, run: builders.Run, spec: WMRLRunSpec,
-                                        state_uid: Optional[str] = None) -> None:
-        """Create the calibration's token Secret unless it exists; never rewrite one (trainers hold it).
-
-        Create-only on purpose: the operator may create Secrets but not read them, so "exists" is
-        the apiserver's 409. A run's own token (named after the run's uid, deleted with the run) is
-        remembered once made; a shared one is asked for at every reconcile, since whoever deletes it
-        expects the next reconcile to make it again.
-        """
-        name = builders.calibration_token_name(run, spec)
-        key = (run.namespace, name)
-        if key in self._tokens:
-            return
-        try:
-            await self.kube.create(builders.calibration_token_secret(run, spec, secrets.token_urlsafe(32), state_uid))
-        except ApiError as exc:
-            if exc.status != 409:  # 409: another run sharing it (or an earlier operator) made it; it stands
-                raise
-        if not builders.calibration_shared(spec) and run.uid:
-            self._tokens.add(key)
-
     async def _set_workload_active(self, run: builders.Run, job: dict[str, Any], active: bool) -> None:
         """Kueue's way to stop (and later requeue) a workload: ``spec.active`` of the Workload that
         Kueue made for the trainer Job (found by Kueue's job-uid label). No Kueue, no Workload: no-op."""
@@ -463,17 +335,6 @@ class Reconciler:
             if ((wl.get("spec") or {}).get("active", True)) != active:
                 await self.kube.merge_patch(*builders.KUEUE_WORKLOAD, run.namespace, wl["metadata"]["name"],
                                             {"spec": {"active": active}})
-
-    async def _prune(self, run: builders.Run, desired: list[dict[str, Any]]) -> None:
-        """Delete the children a spec change made unwanted (no GPU stays allocated to an old vLLM)."""
-        selector = f"{RUN_LABEL}={run.name}"
-        for api_version, kind in builders.PRUNABLE:
-            existing = [{**o, "kind": kind} for o in await self.kube.list(api_version, kind, run.namespace, selector)]
-            for obj in builders.unwanted(run, desired, existing):
-                name = obj["metadata"]["name"]
-                if await self.kube.delete(api_version, kind, run.namespace, name, uid=obj["metadata"].get("uid")):
-                    log.info("pruned %s %s: no longer wanted by the spec", kind, name,
-                             extra={"namespace": run.namespace, "run": run.name})
 
     async def _finish(self, body: dict[str, Any], run: builders.Run, spec: WMRLRunSpec, status: dict[str, Any],
                       phase: str, reason: str, message: str, completion_time: str,
