@@ -2,7 +2,8 @@
 
 Every entry point (kopf create/update/resume, trainer Job events, timers) ends here, under a
 per-run lock, and always starts from a fresh GET of the run, so a stale event body can never
-double-count a restart. The children are written by :class:`writer.ChildWriter`.
+double-count a restart. A reconcile reads, asks :mod:`decide` what to do, and writes: the status
+here, the children through :class:`writer.ChildWriter`.
 """
 
 from __future__ import annotations
@@ -21,21 +22,8 @@ from pydantic import ValidationError
 
 from wmrl.api.runconfig import CALIBRATION_PORT
 from wmrl.api.schema import API_VERSION, KIND, PLURAL, Phase, WMRLRunSpec, field_errors, parse_spec
-from wmrl.api.vocabulary import (
-    DEADLINE,
-    INVALID_SPEC,
-    KUEUE_JOB_UID_LABEL,
-    MAX_RESTARTS,
-    OWNERSHIP_CONFLICT,
-    REFERENCE_MISSING,
-    RESTARTING,
-    RUNNING_CONDITION,
-    SANDBOX_SCALED,
-    TRAINER_COMPLETED,
-    TRAINER_RESTARTED,
-    WAITING_FOR_REFERENCES,
-)
-from wmrl_operator import builders, status as st
+from wmrl.api.vocabulary import KUEUE_JOB_UID_LABEL, RUNNING_CONDITION, SANDBOX_SCALED
+from wmrl_operator import builders, decide, status as st
 from wmrl_operator.autoscaler import Recommendations, demand_of
 from wmrl_operator.children import Children
 from wmrl_operator.events import EventRecorder
@@ -182,114 +170,68 @@ class Reconciler:
     # ------------------------------------------------------------ core
 
     async def _reconcile(self, body: dict[str, Any], apply_children: bool) -> None:
+        """Read the run's trainer Job and references, decide (:mod:`decide`), write; each step decides
+        from what the previous step's writes returned. ``apply_children``: a spec event's reconcile."""
         run = builders.Run.from_body(body)
         status = body.get("status") or {}
-        generation = body["metadata"].get("generation")
         now = dt.datetime.now(dt.timezone.utc)
-        now_s = st.now_iso(now)
-
         try:
             spec = parse_spec(body.get("spec") or {})
         except ValidationError as exc:
-            message = "; ".join(field_errors(exc))
-            patch = st.status_patch(status, Phase.FAILED.value, INVALID_SPEC, message, generation, now_s)
-            await self._transition(body, status, patch, "Warning", INVALID_SPEC, message)
+            await self._transition(body, status, decide.invalid_spec(field_errors(exc)), now)
             return
-
         if st.is_finished(status):
             return
 
-        # The reads are independent: one round trip's time, not four.
+        missing, job, conflicts = await self._read(run, spec, apply_children)
+        wait = decide.waiting(missing, conflicts, job_exists=job is not None)
+        if wait is not None:
+            await self._transition(body, status, wait, now)
+            return
+        js = st.job_state(job)
+        started, restarts = status.get("startTime"), int(status.get("restarts") or 0)
+        verdict = decide.trainer(spec, status, js, now)
+        if isinstance(verdict, decide.Finish):
+            await self._finish(body, run, spec, status, verdict.transition, job if verdict.delete_job else None)
+            return
+        if isinstance(verdict, decide.Restart):
+            if verdict.transition is not None:
+                status = await self._transition(body, status, verdict.transition, now)
+            await self.kube.delete("batch/v1", "Job", run.namespace, builders.trainer_name(run), uid=js.uid)
+            job, js, restarts = None, st.JobState("absent"), verdict.restarts
+
+        admission = builders.admission_labels(body["metadata"].get("labels"))
+        queue = builders.queue_name(admission)
+        plan = decide.children(spec, status, js, queue, apply_children=apply_children,
+                               generation=body["metadata"].get("generation"), conflicts=conflicts,
+                               started=started, now=now)
+        if plan.write:
+            await self.writer.write_children(run, spec, plan.start_time, now, job_exists=job is not None,
+                                             skip_calibration=plan.skip_calibration, may_prune=plan.may_prune,
+                                             admission=admission, awaiting_admission=plan.awaiting_admission)
+        hold = decide.suspension(spec, status, job, queue)
+        if hold is not None and hold.through_workload:
+            await self._set_workload_active(run, job, active=not hold.suspend)
+        elif hold is not None:
+            job = await self.kube.merge_patch("batch/v1", "Job", run.namespace, builders.trainer_name(run),
+                                              {"spec": {"suspend": hold.suspend}})
+            js = st.job_state(job)
+        await self._transition(body, status, decide.report(spec, status, js, queue, missing, conflicts, restarts,
+                                                       plan.start_time), now)
+
+    async def _read(self, run: builders.Run, spec: WMRLRunSpec,
+                    apply_children: bool) -> tuple[list[str], Optional[dict[str, Any]], list[str]]:
+        """The objects the spec names that are missing, the trainer Job, and the calibration objects
+        this run would take over: looked for on a spec reconcile, else only while the Job is absent.
+        The reads are independent: one round trip's time, not four."""
         reads = [self._missing_references(run, spec),
                  self.kube.get("batch/v1", "Job", run.namespace, builders.trainer_name(run))]
         if apply_children:
             reads.append(self._ownership_conflicts(run, spec))
         missing, job, *checked = await asyncio.gather(*reads)
         if checked:
-            conflicts = checked[0]
-        else:
-            conflicts = await self._ownership_conflicts(run, spec) if job is None else []
-        if conflicts and job is None:
-            # Writing would take over another run's (or a shared) calibration: create nothing, say which.
-            message = "; ".join(conflicts)
-            patch = st.status_patch(status, Phase.PENDING.value, OWNERSHIP_CONFLICT, message, generation, now_s)
-            await self._transition(body, status, patch, "Warning", OWNERSHIP_CONFLICT, message)
-            return
-        if missing and job is None:
-            # Nothing started yet: wait for the objects (they may be created after the run), create nothing.
-            message = "; ".join(missing)
-            patch = st.status_patch(status, Phase.PENDING.value, WAITING_FOR_REFERENCES, message, generation, now_s)
-            await self._transition(body, status, patch, "Warning", WAITING_FOR_REFERENCES, message)
-            return
-
-        js = st.job_state(job)
-        restarts = int(status.get("restarts") or 0)
-        start_time = status.get("startTime")
-
-        if st.deadline_exceeded(start_time, spec.active_deadline_seconds, now) or (
-                js.state == "failed" and js.reason == DEADLINE):
-            message = f"the run exceeded spec.activeDeadlineSeconds ({spec.active_deadline_seconds} s)"
-            await self._finish(body, run, spec, status, Phase.FAILED.value, DEADLINE, message, now_s,
-                               job_to_delete=job)
-            return
-
-        if js.state == "failed":
-            if js.uid != status.get("lastFailedTrainer"):
-                if restarts >= spec.failure_policy.max_restarts:
-                    message = (f"the trainer failed {restarts + 1} times (spec.failurePolicy.maxRestarts is "
-                               f"{spec.failure_policy.max_restarts}); last failure: {js.reason}: {js.message}".rstrip(": "))
-                    await self._finish(body, run, spec, status, Phase.FAILED.value, MAX_RESTARTS, message, now_s,
-                                       lastFailedTrainer=js.uid)
-                    return
-                restarts += 1
-                message = f"trainer Job failed ({js.reason}); restart {restarts} of {spec.failure_policy.max_restarts}, resuming from checkpoint"
-                patch = st.status_patch(status, Phase.PENDING.value, RESTARTING, message, generation, now_s,
-                                        restarts=restarts, lastFailedTrainer=js.uid)
-                status = await self._transition(body, status, patch, "Warning", TRAINER_RESTARTED, message)
-            await self.kube.delete("batch/v1", "Job", run.namespace, builders.trainer_name(run), uid=js.uid)
-            job, js = None, st.JobState("absent")
-
-        if js.state == "succeeded":
-            await self._finish(body, run, spec, status, Phase.SUCCEEDED.value, TRAINER_COMPLETED,
-                               "the trainer Job completed", js.completion_time or now_s)
-            return
-
-        admission = builders.admission_labels(body["metadata"].get("labels"))
-        queue = builders.queue_name(admission)
-        # A queued run starts when Kueue admits its Job: its deadline counts from then.
-        if start_time is None and not spec.suspend and (not queue or js.state in ("pending", "running")):
-            start_time = now_s
-        awaiting_admission = bool(queue) and not spec.suspend and js.state in ("absent", "suspended")
-        # A queued run's pools wait at zero until admission, which only a Job event reports: while it
-        # waits, and at the event that admits it, it re-applies its children.
-        if apply_children or js.state == "absent" or awaiting_admission or (queue and st.is_queued(status)):
-            await self.writer.write_children(run, spec, start_time, now, job_exists=job is not None,
-                                             skip_calibration=bool(conflicts),
-                                             may_prune=apply_children and generation != 1,
-                                             admission=admission, awaiting_admission=awaiting_admission)
-        if job is not None and queue:
-            # Kueue owns Job.spec.suspend: suspending a queued run deactivates its Workload instead.
-            if spec.suspend or status.get("phase") == Phase.SUSPENDED.value:
-                await self._set_workload_active(run, job, active=not spec.suspend)
-        elif job is not None and bool((job.get("spec") or {}).get("suspend")) != spec.suspend:
-            job = await self.kube.merge_patch("batch/v1", "Job", run.namespace, builders.trainer_name(run),
-                                              {"spec": {"suspend": spec.suspend}})
-            js = st.job_state(job)
-
-        phase, reason, message = st.phase_from_job(js, spec.suspend, queue)
-        if phase == Phase.PENDING.value and js.state == "absent" and status.get("phase") == Phase.PENDING.value:
-            reason, message = status_reason(status, reason, message)
-        if missing:  # a trainer runs with what it mounted: never fail it over a reference, say so
-            reason = REFERENCE_MISSING
-            message = "; ".join(missing) + f" (the trainer keeps what it mounted; phase {phase} unchanged)"
-        if conflicts:  # a running trainer keeps its calibration; the conflicting objects are left alone
-            reason = OWNERSHIP_CONFLICT
-            message = "; ".join(conflicts) + f" (left untouched; phase {phase} unchanged)"
-        fields: dict[str, Any] = {"restarts": restarts}
-        if start_time:
-            fields["startTime"] = start_time
-        patch = st.status_patch(status, phase, reason, message, generation, now_s, **fields)
-        await self._transition(body, status, patch, "Normal", reason, message)
+            return missing, job, checked[0]
+        return missing, job, await self._ownership_conflicts(run, spec) if job is None else []
 
     async def _missing_references(self, run: builders.Run, spec: WMRLRunSpec) -> list[str]:
         """What a schema cannot check: objects the spec names must exist in the run's namespace.
@@ -337,8 +279,7 @@ class Reconciler:
                                             {"spec": {"active": active}})
 
     async def _finish(self, body: dict[str, Any], run: builders.Run, spec: WMRLRunSpec, status: dict[str, Any],
-                      phase: str, reason: str, message: str, completion_time: str,
-                      job_to_delete: Optional[dict[str, Any]] = None, **fields: Any) -> None:
+                      transition: decide.Transition, job_to_delete: Optional[dict[str, Any]] = None) -> None:
         """Terminal transition: pools and world model to zero, Job stopped if the deadline passed."""
         if job_to_delete is not None:
             await self.kube.delete("batch/v1", "Job", run.namespace, builders.trainer_name(run),
@@ -351,10 +292,7 @@ class Reconciler:
             if await self.kube.get("apps/v1", "Deployment", run.namespace, obj["metadata"]["name"]) is not None:
                 await self.kube.merge_patch("apps/v1", "Deployment", run.namespace, obj["metadata"]["name"],
                                             {"spec": {"replicas": 0}})
-        patch = st.status_patch(status, phase, reason, message, body["metadata"].get("generation"), st.now_iso(),
-                                completionTime=completion_time, **fields)
-        await self._transition(body, status, patch, "Warning" if phase == Phase.FAILED.value else "Normal",
-                               reason, message)
+        await self._transition(body, status, transition, dt.datetime.now(dt.timezone.utc))
         self.recommendations.forget((run.namespace, run.name))
 
     async def _autoscale(self, body: dict[str, Any], spec: WMRLRunSpec, status: dict[str, Any]) -> None:
@@ -404,20 +342,24 @@ class Reconciler:
             raise
         return result.get("status") or {}
 
-    async def _transition(self, body: dict[str, Any], status: dict[str, Any], patch: dict[str, Any],
-                          event_type: str, reason: str, message: str) -> dict[str, Any]:
-        """Write the status if it changes; post an Event and a log line when the phase or reason moves."""
+    async def _transition(self, body: dict[str, Any], status: dict[str, Any], transition: decide.Transition,
+                          now: dt.datetime) -> dict[str, Any]:
+        """Write the decided status if it changes; post an Event and a log line when the phase or
+        reason moves (:class:`decide.Transition`). The run's status after it."""
+        t = transition
+        patch = st.status_patch(status, t.phase, t.reason, t.message, body["metadata"].get("generation"),
+                                st.now_iso(now), **t.fields)
         if not st.changed(status, patch):
             return status
         old_phase = status.get("phase")
         old_reason = (st.get_condition(status, RUNNING_CONDITION) or {}).get("reason")
         new_status = await self._patch_status(body, patch)
-        meta = body["metadata"]
-        if old_phase != patch.get("phase") or (old_reason != reason and patch.get("phase") != Phase.FAILED.value):
-            log.info("phase %s -> %s (%s)", old_phase, patch.get("phase"), reason,
-                     extra={"run": meta["name"], "namespace": meta["namespace"], "phase": patch.get("phase"),
-                            "reason": reason, "detail": message})
-            await self.events(body, event_type, reason, message)
+        meta, reason = body["metadata"], t.event_reason
+        if old_phase != t.phase or (old_reason != reason and t.phase != Phase.FAILED.value):
+            log.info("phase %s -> %s (%s)", old_phase, t.phase, reason,
+                     extra={"run": meta["name"], "namespace": meta["namespace"], "phase": t.phase,
+                            "reason": reason, "detail": t.message})
+            await self.events(body, t.event_type, reason, t.message)
         return new_status
 
     async def _delete_run(self, body: dict[str, Any]) -> None:
@@ -432,10 +374,3 @@ class Reconciler:
                 raise
         self.forget(meta["namespace"], meta["name"])
 
-
-def status_reason(status: dict[str, Any], reason: str, message: str) -> tuple[str, str]:
-    """Keep a 'Restarting' reason while the replacement Job is being created."""
-    running = st.get_condition(status, RUNNING_CONDITION) or {}
-    if running.get("reason") == RESTARTING:
-        return running["reason"], running.get("message", message)
-    return reason, message

@@ -1,0 +1,250 @@
+"""Pure decisions of one reconcile: (spec, status, the trainer Job's state, references and
+conflicts found, the run's Kueue queue, now) -> what to write.
+
+``reconcile.py`` reads, asks these functions, and writes. It asks in three steps, because a later
+step decides from what an earlier step's writes returned (the status a restart wrote, the Job a
+suspend patch returned):
+
+1. :func:`waiting`, then :func:`trainer` (:func:`deadline`, :func:`failure`, :func:`success`):
+   wait, finish, restart the trainer, or go on;
+2. :func:`children` (:func:`start_time`, :func:`awaiting_admission`) and :func:`suspension`:
+   which children to write, and how to hold or release the trainer;
+3. :func:`report`: the status that says where the run is.
+
+Condition reasons and Event reasons are :mod:`wmrl.api.vocabulary`'s.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Union
+
+from wmrl.api.schema import Phase, WMRLRunSpec
+from wmrl.api.vocabulary import (
+    DEADLINE,
+    INVALID_SPEC,
+    MAX_RESTARTS,
+    OWNERSHIP_CONFLICT,
+    REFERENCE_MISSING,
+    RESTARTING,
+    RUNNING_CONDITION,
+    TRAINER_COMPLETED,
+    TRAINER_RESTARTED,
+    WAITING_FOR_REFERENCES,
+)
+from wmrl_operator import status as st
+
+ACTIVE = ("pending", "running")  # Job states of a trainer that has started (Kueue admitted it, if queued)
+HELD = ("absent", "suspended")  # Job states of a trainer a queued run waits for Kueue to admit
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A status write: ``phase``, the conditions' ``reason`` and ``message``, more status ``fields``.
+
+    Written only if it changes the status; then an Event of ``event_type`` is posted (and a line
+    logged) when the phase moves, or when the Running condition's reason differs from ``event``
+    (default: ``reason``) outside phase Failed.
+    """
+
+    phase: str
+    reason: str
+    message: str
+    event_type: str = "Normal"
+    event: Optional[str] = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def event_reason(self) -> str:
+        return self.event or self.reason
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Terminal: pools and world model scaled to zero, the trainer Job deleted when ``delete_job``
+    (a deadline stops it), then ``transition`` (which sets ``completionTime``)."""
+
+    transition: Transition
+    delete_job: bool = False
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The trainer Job failed and the run goes on: the Job is deleted (the children's write makes it
+    again, resuming from the checkpoint). ``transition`` counts a new failure first; None when this
+    Job's failure is already counted (``status.lastFailedTrainer``). ``restarts``: the count after it."""
+
+    restarts: int
+    transition: Optional[Transition] = None
+
+
+@dataclass(frozen=True)
+class ChildrenPlan:
+    """What the children's write is told: whether it happens at all this reconcile, the run's start
+    time (the trainer's remaining deadline counts from it), whether Kueue has yet to admit the trainer
+    (its pools wait at zero), whether unwanted children may be pruned, whether the calibration's
+    objects are left out (they would take over another's)."""
+
+    write: bool
+    start_time: Optional[str]
+    awaiting_admission: bool
+    may_prune: bool
+    skip_calibration: bool
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """Hold (``suspend``) or release the trainer: through its Kueue Workload's ``spec.active`` when the
+    run is queued (Kueue owns Job.spec.suspend then), else through the Job's ``spec.suspend``."""
+
+    through_workload: bool
+    suspend: bool
+
+
+# ---------------------------------------------------------------- step 1: wait, finish, restart
+
+
+def invalid_spec(errors: list[str]) -> Transition:
+    """A spec the schema rejects fails the run, naming each field (a corrected spec proceeds)."""
+    message = "; ".join(errors)
+    return Transition(Phase.FAILED.value, INVALID_SPEC, message, "Warning")
+
+
+def waiting(missing: list[str], conflicts: list[str], job_exists: bool) -> Optional[Transition]:
+    """Before the trainer Job exists, create nothing while writing would take over another run's (or
+    a shared) calibration (``conflicts``), or while an object the spec names is ``missing``; the run
+    waits in Pending saying which. Once the Job exists, neither stops the run (:func:`report`)."""
+    if job_exists:
+        return None
+    if conflicts:
+        return Transition(Phase.PENDING.value, OWNERSHIP_CONFLICT, "; ".join(conflicts), "Warning")
+    if missing:
+        return Transition(Phase.PENDING.value, WAITING_FOR_REFERENCES, "; ".join(missing), "Warning")
+    return None
+
+
+def finish(phase: str, reason: str, message: str, completion_time: str, delete_job: bool = False,
+           **fields: Any) -> Finish:
+    """A terminal transition at ``completion_time``: a Warning Event for Failed, Normal otherwise."""
+    event_type = "Warning" if phase == Phase.FAILED.value else "Normal"
+    return Finish(Transition(phase, reason, message, event_type,
+                             fields={"completionTime": completion_time, **fields}), delete_job)
+
+
+def deadline(spec: WMRLRunSpec, status: dict[str, Any], js: st.JobState, now: dt.datetime) -> Optional[Finish]:
+    """``spec.activeDeadlineSeconds`` past since ``status.startTime``, or the trainer Job failed on
+    its own deadline (which the operator sets to what is left of the run's): Failed, the Job deleted."""
+    if st.deadline_exceeded(status.get("startTime"), spec.active_deadline_seconds, now) or (
+            js.state == "failed" and js.reason == DEADLINE):
+        message = f"the run exceeded spec.activeDeadlineSeconds ({spec.active_deadline_seconds} s)"
+        return finish(Phase.FAILED.value, DEADLINE, message, st.now_iso(now), delete_job=True)
+    return None
+
+
+def failure(spec: WMRLRunSpec, status: dict[str, Any], js: st.JobState,
+            now: dt.datetime) -> Union[Finish, Restart, None]:
+    """A failed trainer Job is counted once (by its uid): past ``spec.failurePolicy.maxRestarts`` the
+    run fails (the Job is kept, for its logs); otherwise it restarts."""
+    if js.state != "failed":
+        return None
+    restarts = int(status.get("restarts") or 0)
+    if js.uid == status.get("lastFailedTrainer"):
+        return Restart(restarts)
+    limit = spec.failure_policy.max_restarts
+    if restarts >= limit:
+        message = (f"the trainer failed {restarts + 1} times (spec.failurePolicy.maxRestarts is "
+                   f"{limit}); last failure: {js.reason}: {js.message}".rstrip(": "))
+        return finish(Phase.FAILED.value, MAX_RESTARTS, message, st.now_iso(now), lastFailedTrainer=js.uid)
+    restarts += 1
+    message = f"trainer Job failed ({js.reason}); restart {restarts} of {limit}, resuming from checkpoint"
+    return Restart(restarts, Transition(Phase.PENDING.value, RESTARTING, message, "Warning", TRAINER_RESTARTED,
+                                        {"restarts": restarts, "lastFailedTrainer": js.uid}))
+
+
+def success(js: st.JobState, now: dt.datetime) -> Optional[Finish]:
+    """The trainer Job completed: Succeeded, at the Job's completion time."""
+    if js.state != "succeeded":
+        return None
+    return finish(Phase.SUCCEEDED.value, TRAINER_COMPLETED, "the trainer Job completed",
+                  js.completion_time or st.now_iso(now))
+
+
+def trainer(spec: WMRLRunSpec, status: dict[str, Any], js: st.JobState,
+            now: dt.datetime) -> Union[Finish, Restart, None]:
+    """The trainer's verdict, the deadline first (it fails a run whatever its trainer did)."""
+    return deadline(spec, status, js, now) or failure(spec, status, js, now) or success(js, now)
+
+
+# ---------------------------------------------------------------- step 2: children and suspension
+
+
+def start_time(spec: WMRLRunSpec, started: Optional[str], js: st.JobState, queue: Optional[str],
+               now: dt.datetime) -> Optional[str]:
+    """``status.startTime`` (``started``, as the run was read), set at the first reconcile that is not
+    suspended; a queued run's is set once Kueue admits its Job (its deadline counts from then)."""
+    if started is None and not spec.suspend and (not queue or js.state in ACTIVE):
+        return st.now_iso(now)
+    return started
+
+
+def awaiting_admission(spec: WMRLRunSpec, js: st.JobState, queue: Optional[str]) -> bool:
+    """A queued, unsuspended run whose Job Kueue has not admitted (or that has none yet)."""
+    return bool(queue) and not spec.suspend and js.state in HELD
+
+
+def children(spec: WMRLRunSpec, status: dict[str, Any], js: st.JobState, queue: Optional[str], *,
+             apply_children: bool, generation: Optional[int], conflicts: list[str], started: Optional[str],
+             now: dt.datetime) -> ChildrenPlan:
+    """Children are written on a spec reconcile (``apply_children``), when the Job is absent (made
+    again), and, for a queued run, while it waits for admission and at the Job event that admits it
+    (its pools wait at zero until then, and only a Job event reports admission). Only a changed spec
+    (generation past 1) can make a child unwanted: pruning is for spec reconciles past it. ``status``:
+    as the trainer's verdict left it; ``started``: ``status.startTime`` as the run was read."""
+    awaiting = awaiting_admission(spec, js, queue)
+    write = apply_children or js.state == "absent" or awaiting or bool(queue and st.is_queued(status))
+    return ChildrenPlan(write=write, start_time=start_time(spec, started, js, queue, now), awaiting_admission=awaiting,
+                        may_prune=apply_children and generation != 1, skip_calibration=bool(conflicts))
+
+
+def suspension(spec: WMRLRunSpec, status: dict[str, Any], job: Optional[dict[str, Any]],
+               queue: Optional[str]) -> Optional[Suspension]:
+    """How ``spec.suspend`` reaches an existing trainer Job: a queued run's Workload is deactivated
+    while suspended and activated again once the run leaves phase Suspended; any other Job's
+    ``spec.suspend`` is patched when it differs. None: nothing to write."""
+    if job is None:
+        return None
+    if queue:
+        if spec.suspend or status.get("phase") == Phase.SUSPENDED.value:
+            return Suspension(through_workload=True, suspend=spec.suspend)
+        return None
+    if bool((job.get("spec") or {}).get("suspend")) != spec.suspend:
+        return Suspension(through_workload=False, suspend=spec.suspend)
+    return None
+
+
+# ---------------------------------------------------------------- step 3: the status
+
+
+def report(spec: WMRLRunSpec, status: dict[str, Any], js: st.JobState, queue: Optional[str],
+           missing: list[str], conflicts: list[str], restarts: int, start: Optional[str]) -> Transition:
+    """Phase and reason from the trainer Job (:func:`status.phase_from_job`), with three overrides
+    of the reason: a restart's is kept while the replacement Job is being made; a referenced object
+    gone while the trainer runs is ReferenceMissing (the trainer keeps what it mounted: never fail it
+    over one); calibration objects it would take over are OwnershipConflict (left untouched). The
+    phase always follows the trainer."""
+    phase, reason, message = st.phase_from_job(js, spec.suspend, queue)
+    if phase == Phase.PENDING.value and js.state == "absent" and status.get("phase") == Phase.PENDING.value:
+        running = st.get_condition(status, RUNNING_CONDITION) or {}
+        if running.get("reason") == RESTARTING:
+            reason, message = RESTARTING, running.get("message", message)
+    if missing:
+        reason = REFERENCE_MISSING
+        message = "; ".join(missing) + f" (the trainer keeps what it mounted; phase {phase} unchanged)"
+    if conflicts:
+        reason = OWNERSHIP_CONFLICT
+        message = "; ".join(conflicts) + f" (left untouched; phase {phase} unchanged)"
+    fields: dict[str, Any] = {"restarts": restarts}
+    if start:
+        fields["startTime"] = start
+    return Transition(phase, reason, message, fields=fields)
