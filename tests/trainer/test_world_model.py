@@ -1,7 +1,9 @@
 """Compile gate, answer parsing, prompts, and the llm backend against a real local HTTP server.
 
 The server is a real aiohttp app on 127.0.0.1 speaking the OpenAI chat-completions protocol
-(``/v1/models``, ``/v1/chat/completions``); each test scripts what it answers.
+(``/v1/models``, ``/v1/chat/completions``); each test scripts what it answers. It answers the
+client's structured-output probe as a constraining server would, under the modes in
+``constrains``; tests/vllm runs the same client against a real vLLM.
 """
 
 import asyncio
@@ -18,7 +20,7 @@ from wmrl.tasks import Task
 from wmrl_trainer.prompts import outcome_json_schema, task_prompt, world_model_messages, world_model_prompt
 from wmrl_trainer.world_model import build_world_model, compile_gate, item_history, item_parts
 from wmrl_trainer.world_model.learned import LearnedWorldModel
-from wmrl_trainer.world_model.llm import LLMWorldModel
+from wmrl_trainer.world_model.llm import PROBE_SCHEMA, PROBE_VALUE, LLMWorldModel, UnconstrainedServerError
 from wmrl_trainer.world_model.parse import FEEDBACK_CHARS, outcome_from_text, outcomes_from_text
 
 TASK = Task(name="toy", description="Binary classification: toy rows. Metric: accuracy.", kind="classification",
@@ -45,11 +47,28 @@ HISTORY = (("import numpy as np\nraise ValueError('first try')\n",
             "\n[execution] status=ran_no_sub error=none where=none quality=none\n<output>\nno submission.csv\n</output>\n"))
 
 
+def guided_schema(body, modes):
+    """The JSON schema a request asks for under one of ``modes`` (None: no such request form)."""
+    if "response_format" in modes and "response_format" in body:
+        return body["response_format"]["json_schema"]["schema"]
+    if "structured_outputs" in modes and "structured_outputs" in body:
+        return body["structured_outputs"]["json"]
+    return None
+
+
 class FakeOpenAI:
-    """A real HTTP server; ``respond(body)`` returns ("answer", text) | ("status", code) | ("sleep", s, text)."""
+    """A real HTTP server; ``respond(body)`` returns ("answer", text) | ("status", code) | ("sleep", s, text).
+
+    Probes (requests for the client's probe schema) are kept apart in ``probes``: answered with the
+    one valid JSON under a mode in ``constrains``, HTTP 400 under a mode in ``rejects``, else with
+    free text (a server that ignores the field); ``probe_status`` scripts an HTTP status instead."""
 
     def __init__(self):
         self.requests: list[dict] = []
+        self.probes: list[dict] = []
+        self.constrains = {"response_format", "structured_outputs"}
+        self.rejects: set = set()
+        self.probe_status = None
         self.respond = lambda body: ("answer", answer(pred("valid", "mid")))
         self.in_flight = self.max_in_flight = 0
         self.model_listings = 0
@@ -58,8 +77,25 @@ class FakeOpenAI:
         self.model_listings += 1
         return web.json_response({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
 
+    def _reply(self, body, text):
+        return web.json_response({
+            "id": "cmpl-1", "object": "chat.completion", "model": body.get("model"),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        })
+
     async def _chat(self, request):
         body = await request.json()
+        if PROBE_SCHEMA in (guided_schema(body, {"response_format", "structured_outputs"}),):
+            self.probes.append(body)
+            if self.probe_status == "garbage":
+                return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
+            if self.probe_status:
+                return web.json_response({"error": "scripted failure"}, status=self.probe_status)
+            if any(mode in body for mode in self.rejects):
+                return web.json_response({"error": "unsupported"}, status=400)
+            if guided_schema(body, self.constrains) == PROBE_SCHEMA:
+                return self._reply(body, json.dumps({"probe": PROBE_VALUE}))
+            return self._reply(body, "Hello! How can I help you today?")
         self.requests.append(body)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -70,11 +106,7 @@ class FakeOpenAI:
                 action = ("answer", action[2])
             if action[0] == "status":
                 return web.json_response({"error": "scripted failure"}, status=action[1])
-            return web.json_response({
-                "id": "cmpl-1", "object": "chat.completion", "model": body.get("model"),
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": action[1]}}],
-            })
+            return self._reply(body, action[1])
         finally:
             self.in_flight -= 1
 
@@ -332,19 +364,65 @@ def test_timeouts_are_retried_then_ungraded(server):
 
 
 def test_client_errors_are_not_retried(server, wm):
-    wm.guided = "guided_json"  # the last guided mode: a 400 has nothing to fall back to
     server.respond = lambda body: ("status", 404)
     assert wm.grade([(TASK, GOOD)]) == [None]
     assert len(server.requests) == 1 and wm.stats["http_error"] == 1
 
 
-def test_guided_decoding_falls_back_when_the_server_rejects_response_format(server, wm):
-    server.respond = lambda body: ("status", 400) if "response_format" in body else ("answer", answer(pred("valid", "fair")))
+def test_guided_mode_is_probed_once_and_response_format_comes_first(server, wm):
+    wm.grade([(TASK, GOOD)])
+    wm.grade([(TASK, GOOD), (TASK, "print(1)\n")])
+    assert len(server.probes) == 1 and "response_format" in server.probes[0]
+    assert server.probes[0]["max_tokens"] == 64 and wm.guided == "response_format"
+    assert all(r["response_format"]["json_schema"]["schema"] == outcome_json_schema(2) for r in server.requests)
+
+
+def test_probe_moves_on_when_the_server_rejects_response_format(server, wm):
+    server.rejects = {"response_format"}
     [out] = wm.grade([(TASK, GOOD)])
-    assert out.quality_bucket is QualityBucket.FAIR
-    assert "response_format" in server.requests[0]
-    assert server.requests[1]["structured_outputs"] == {"json": outcome_json_schema(2)}
-    assert wm.guided == "structured_outputs"  # remembered for the next requests
+    assert out.status is Status.VALID and wm.guided == "structured_outputs"
+    assert ["response_format" in p for p in server.probes] == [True, False]
+    assert server.requests[0]["structured_outputs"] == {"json": outcome_json_schema(2)}
+    assert "response_format" not in server.requests[0] and "guided_json" not in server.requests[0]
+
+
+def test_a_mode_the_server_ignores_is_not_used(server, wm):
+    """A server that accepts response_format but does not enforce it (answers free text) is probed on."""
+    server.constrains = {"structured_outputs"}
+    wm.grade([(TASK, GOOD)])
+    assert wm.guided == "structured_outputs" and len(server.probes) == 2
+
+
+def test_a_server_that_constrains_under_no_mode_is_an_error_that_names_the_setting(server, wm):
+    server.constrains = set()
+    with pytest.raises(UnconstrainedServerError, match=r"spec\.worldModel\.endpoint.*structured-outputs-config"):
+        wm.grade([(TASK, GOOD)])
+    assert server.requests == [] and len(server.probes) == 2  # no rollout was sent unconstrained
+
+
+def test_grading_errors_after_the_probe_do_not_change_the_mode(server, wm):
+    wm.grade([(TASK, GOOD)])
+    server.respond = lambda body: ("status", 400)
+    assert wm.grade([(TASK, GOOD)]) == [None]
+    assert wm.guided == "response_format" and wm.stats["http_error"] == 1 and len(server.probes) == 1
+
+
+def test_a_server_that_cannot_be_probed_leaves_the_batch_ungraded_and_is_probed_again(server, wm):
+    server.probe_status = 503
+    assert wm.grade([(TASK, GOOD), (TASK, "print(1)\n")]) == [None, None]
+    assert wm.stats["probe_failed"] == 2 and wm.stats["ungraded"] == 2 and server.requests == []
+    assert wm.guided is None and len(server.probes) == 3  # 1 + 2 retries, never the next mode
+    server.probe_status = None
+    [out] = wm.grade([(TASK, GOOD)])
+    assert out.status is Status.VALID and wm.guided == "response_format"
+
+
+@pytest.mark.parametrize("answer_to_probe", [404, "garbage"])
+def test_a_probe_answer_that_says_nothing_about_constraints_is_not_a_verdict(server, wm, answer_to_probe):
+    """A wrong path or a proxy's error page leaves the batch ungraded; it is no reason to give up a mode."""
+    server.probe_status = answer_to_probe
+    assert wm.grade([(TASK, GOOD)]) == [None]
+    assert wm.stats["probe_failed"] == 1 and wm.guided is None and len(server.probes) == 1
 
 
 def test_a_batch_is_sent_concurrently_and_answers_keep_their_order(server, wm):
