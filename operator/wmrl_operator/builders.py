@@ -584,10 +584,17 @@ def sandbox_network_policy(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
 # ---------------------------------------------------------------- world model (vLLM)
 
 
+WORLD_MODEL_STRUCTURED_OUTPUTS = {"backend": "guidance", "disable_any_whitespace": True}
+"""vLLM's structured-output backend for the world model. Under the default (xgrammar, vLLM 0.32) a
+string with ``maxLength`` admits raw control characters, so answers to the world model's schema
+were not JSON; under guidance without free whitespace every answer was (tests/vllm/parse_rate.py)."""
+
+
 def world_model_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:
     wm = spec.world_model
     model = wm.model or spec.policy.model
-    args = ["--model", model, "--served-model-name", model, "--host", "0.0.0.0", "--port", str(WORLD_MODEL_PORT)]
+    args = ["--model", model, "--served-model-name", model, "--host", "0.0.0.0", "--port", str(WORLD_MODEL_PORT),
+            "--structured-outputs-config", json.dumps(WORLD_MODEL_STRUCTURED_OUTPUTS, separators=(",", ":"))]
     if wm.gpus_per_replica > 1:
         args += ["--tensor-parallel-size", str(wm.gpus_per_replica)]
     pod_sec, container_sec = _root_image_security()

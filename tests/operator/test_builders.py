@@ -1,5 +1,6 @@
 """Pure builders: spec -> objects, checked without a cluster."""
 
+import json
 import yaml
 import pytest
 
@@ -253,9 +254,16 @@ def test_world_model_serves_policy_model_by_default_with_gpus():
     dep = b.world_model_deployment(RUN, spec(worldModel={"replicas": 2, "gpusPerReplica": 2}))
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][:2] == ["--model", "Qwen/Qwen3-4B"]
-    assert "--tensor-parallel-size" in c["args"]
+    assert c["args"][c["args"].index("--tensor-parallel-size") + 1] == "2"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert dep["spec"]["replicas"] == 2
+
+
+def test_world_model_vllm_constrains_output_with_guidance_without_free_whitespace():
+    """The backend under which every world-model answer was JSON on the CPU tier (tests/vllm)."""
+    args = b.world_model_deployment(RUN, spec())["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = json.loads(args[args.index("--structured-outputs-config") + 1])
+    assert config == {"backend": "guidance", "disable_any_whitespace": True}
 
 
 def test_tasks_from_pvc_are_mounted_read_only():
