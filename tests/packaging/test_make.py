@@ -1,6 +1,6 @@
 """`make test` (what .ci/run execs) fails when pytest fails or collects nothing.
 
-The venv and cluster prerequisites are marked up to date (`make -o`), and a stand-in for the venv's
+The venv, cluster and vllm prerequisites are marked up to date (`make -o`), and a stand-in for the venv's
 python exits with the status under test: this checks the recipe's exit-status logic, not pytest.
 """
 
@@ -16,8 +16,8 @@ def _make_test(tmp_path, status):
     fake = tmp_path / "python"
     fake.write_text(f"#!/bin/sh\necho \"pytest stand-in: $*\"\nexit {status}\n")
     fake.chmod(0o755)
-    return subprocess.run(["make", "--no-print-directory", "-o", "venv", "-o", "cluster", "test", f"PY={fake}"],
-                          cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run(["make", "--no-print-directory", "-o", "venv", "-o", "cluster", "-o", "vllm", "test",
+                           f"PY={fake}"], cwd=ROOT, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("status,ok", [(0, True), (1, False), (2, False), (5, False)])
