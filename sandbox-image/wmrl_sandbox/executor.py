@@ -30,8 +30,6 @@ The module is deliberately independent of HTTP: :func:`execute` takes an
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import fcntl
 import math
 import os
@@ -51,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
-from wmrl_sandbox import cgroups
+from wmrl_sandbox import cgroups, linux
 
 SCRIPT_NAME = "main.py"
 WORK_SUBDIR = "work"
@@ -59,18 +57,6 @@ MARKER_ENV = "WMRL_SANDBOX_EXECUTION"
 # Directories any uid may write to: masked by a private tmpfs in the execution's mount namespace.
 WORLD_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWIPC = 0x08000000
-_CLONE_NEWNET = 0x40000000
-_MS_NOSUID = 2
-_MS_NODEV = 4
-_MS_BIND = 4096
-_MS_REC = 16384
-_MS_PRIVATE = 1 << 18
-_PR_SET_DUMPABLE = 4
-_PR_SET_PDEATHSIG = 1
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
 class RequestError(ValueError):
@@ -176,52 +162,6 @@ class Isolation:
         }
 
 
-def _unshare(flags: int) -> None:
-    if _libc.unshare(ctypes.c_int(flags)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare({flags:#x}): {os.strerror(err)}")
-
-
-def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, data: Optional[str]) -> None:
-    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    if _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount({target}): {os.strerror(err)}")
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-def _drop_to(uid: int) -> None:
-    """Become ``uid`` but keep root's capabilities until the coming execve, which drops them all.
-
-    Like setpriv(1): the interpreter is looked up with root's file access (it may live under a
-    directory only root can traverse, e.g. a venv of /root/.pyenv here), then execve of a file
-    without file capabilities by a non-root uid clears every capability set (inheritable and
-    ambient are empty), so the program itself runs with none.
-    """
-    PR_SET_KEEPCAPS = 8
-    if _libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS)")
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (_CapData * 2)()
-    if _libc.capget(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capget")
-    for d in data:
-        d.effective = d.permitted
-        d.inheritable = 0
-    if _libc.capset(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
-
-
 def closed_ancestor(path: str) -> Optional[str]:
     """The topmost directory above ``path`` that other uids cannot traverse (no ``o+x``), if any."""
     parts = PurePosixPath(os.path.abspath(path)).parts
@@ -247,26 +187,11 @@ def _reveal(paths: tuple[str, ...], exec_dir: str) -> None:  # pragma: no cover 
         if exec_dir.startswith(ancestor + "/"):
             wanted.append(exec_dir)
         kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in dict.fromkeys(wanted)]
-        _mount("tmpfs", ancestor, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+        linux.mount("tmpfs", ancestor, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m,mode=0755")
         for path, fd in kept:
             os.makedirs(path, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
+            linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND | linux.MS_REC, None)
             os.close(fd)
-
-
-def _clear_capabilities() -> None:
-    """Empty every capability set of this process (a warm execution has no ``execve`` to do it) and check."""
-    PR_SET_KEEPCAPS = 8
-    header = _CapHeader(0x20080522, 0)
-    data = (_CapData * 2)()  # all zero
-    if _libc.capset(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
-    if _libc.prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS)")
-    with open("/proc/self/status") as fh:
-        held = {k: v.strip() for k, v in (line.split(":", 1) for line in fh) if k in ("CapEff", "CapPrm", "CapInh")}
-    if any(int(v, 16) for v in held.values()):
-        raise RuntimeError(f"capabilities left after clearing them: {held}")
 
 
 def _probe(flags: int) -> bool:
@@ -274,10 +199,10 @@ def _probe(flags: int) -> bool:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
-            _unshare(flags)
-            if flags & _CLONE_NEWNS:
-                _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
-                _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m")
+            linux.unshare(flags)
+            if flags & linux.CLONE_NEWNS:
+                linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE, None)
+                linux.mount("tmpfs", "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m")
             os._exit(0)
         except BaseException:
             os._exit(1)
@@ -307,9 +232,9 @@ def probe_isolation(bwrap: Optional[str] = None) -> Isolation:
     as_root = os.geteuid() == 0
     return Isolation(
         as_root=as_root,
-        network_namespace=as_root and _probe(_CLONE_NEWNET),
-        mount_namespace=as_root and _probe(_CLONE_NEWNS),
-        ipc_namespace=as_root and _probe(_CLONE_NEWIPC),
+        network_namespace=as_root and _probe(linux.CLONE_NEWNET),
+        mount_namespace=as_root and _probe(linux.CLONE_NEWNS),
+        ipc_namespace=as_root and _probe(linux.CLONE_NEWIPC),
         bwrap=None if as_root else _probe_bwrap(bwrap or namespaces.find_bwrap()),
         seccomp=seccomp.supported(),
     )
@@ -483,12 +408,6 @@ def kill_everything(pgid: Optional[int], uid: Optional[int], marker: str, deadli
         time.sleep(0.001 if clean_scans else 0.005)  # re-checking a clean scan only needs a fork's time
 
 
-def set_child_subreaper() -> bool:
-    """Make orphans of executions re-parent to this server (so it can reap them) instead of PID 1."""
-    PR_SET_CHILD_SUBREAPER = 36
-    return _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-
-
 # --------------------------------------------------------------------------- the child side
 
 
@@ -566,19 +485,21 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     def preexec() -> None:  # pragma: no cover - runs in the child
         cgroups.join(cgroup_join)
         if uid is not None:
-            flags = (_CLONE_NEWNET if isolation.network_namespace else 0) | (
-                _CLONE_NEWNS if isolation.mount_namespace else 0) | (_CLONE_NEWIPC if isolation.ipc_namespace else 0)
+            flags = ((linux.CLONE_NEWNET if isolation.network_namespace else 0)
+                     | (linux.CLONE_NEWNS if isolation.mount_namespace else 0)
+                     | (linux.CLONE_NEWIPC if isolation.ipc_namespace else 0))
             if flags:
-                _unshare(flags)
+                linux.unshare(flags)
             if isolation.mount_namespace:
-                _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+                linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE, None)
                 kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in hidden]
                 for d in WORLD_WRITABLE_DIRS:
                     if os.path.isdir(d):
-                        _mount("tmpfs", d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={limits.tmpfs_mb}m,mode=1777")
+                        linux.mount("tmpfs", d, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
+                                    f"size={limits.tmpfs_mb}m,mode=1777")
                 for path, fd in kept:  # under a masked directory: bind it back at its own path
                     os.makedirs(path, exist_ok=True)
-                    _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND, None)
+                    linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND, None)
                     os.close(fd)
                 _reveal(reveal, exec_dir)
                 if ns_sock is not None:
@@ -593,12 +514,12 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
         if nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         if uid is not None:
-            _drop_to(uid)
+            linux.drop_to_uid(uid)
             if warm:
-                _clear_capabilities()
+                linux.clear_capabilities()
                 # A uid change without execve leaves the process non-dumpable (its /proc files root's);
                 # a cold execution is dumpable after its execve: the same here.
-                _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+                linux.libc.prctl(linux.PR_SET_DUMPABLE, 1, 0, 0, 0)
         if own_process_rules:  # last: nothing above may be refused by the filter
             seccomp.set_no_new_privs()
             if isolation.seccomp:
@@ -773,7 +694,7 @@ def _fetch_as_uid(workdir: Path, names: list[str], uid: int, ns_fd: Optional[int
     if pid == 0:  # pragma: no cover - child
         try:
             os.close(r)
-            if ns_fd is not None and _libc.setns(ns_fd, _CLONE_NEWNS) != 0:
+            if ns_fd is not None and linux.libc.setns(ns_fd, linux.CLONE_NEWNS) != 0:
                 os._exit(3)
             # No descriptor of the server's (another execution's directory being removed...) to read through.
             for fd in map(int, os.listdir("/proc/self/fd")):
@@ -786,7 +707,7 @@ def _fetch_as_uid(workdir: Path, names: list[str], uid: int, ns_fd: Optional[int
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0)
             try:
                 os.chdir(workdir)
                 in_workdir = True
@@ -939,19 +860,11 @@ def _namespace_init(info_fd: int, parent: int, timeout: float = 10.0) -> Optiona
             except ProcessLookupError:  # already gone, and its namespace with it
                 return None
             fields = _stat_fields(pid)
-            if fields is None or int(fields[1]) != parent or pidfd_exited(pidfd):
+            if fields is None or int(fields[1]) != parent or linux.pidfd_exited(pidfd):
                 os.close(pidfd)  # reaped before we looked, and its pid reused (or ended): never signal it
                 return None
             return pidfd
     return None
-
-
-def pidfd_exited(pidfd: int, timeout: float = 0.0) -> bool:
-    """Whether the process behind ``pidfd`` has exited, waiting up to ``timeout`` seconds for it
-    (a pidfd is readable once its process has exited)."""
-    with selectors.DefaultSelector() as sel:
-        sel.register(pidfd, selectors.EVENT_READ)
-        return bool(sel.select(timeout))
 
 
 def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
@@ -962,7 +875,7 @@ def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
         signal.pidfd_send_signal(init_fd, signal.SIGKILL)
     except ProcessLookupError:  # exited already
         pass
-    if not pidfd_exited(init_fd, deadline_s):
+    if not linux.pidfd_exited(init_fd, deadline_s):
         raise RuntimeError("the execution's PID namespace did not end")
     _reap_orphans()
 
@@ -1137,5 +1050,5 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
 __all__ = [
     "ExecutionRequest", "ExecutionResult", "Isolation", "Limits", "RequestError", "UidPool", "WarmSpawnFailed", "execute",
     "check_searchable", "kill_everything", "memory_limit_mb", "probe_isolation", "safe_relative_path",
-    "set_child_subreaper", "SCRIPT_NAME",
+    "SCRIPT_NAME",
 ]

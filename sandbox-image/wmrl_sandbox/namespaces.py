@@ -32,10 +32,10 @@ import shutil
 import signal
 from typing import Iterable, Optional
 
-# The same calls and constants as root mode's isolation.
-from wmrl_sandbox.executor import (_CLONE_NEWIPC, _CLONE_NEWNET, _CLONE_NEWNS, _MS_BIND, _MS_NODEV, _MS_NOSUID,
-                                   _MS_PRIVATE, _MS_REC, _PR_SET_PDEATHSIG, _libc, _mount,
-                                   _unshare)
+from wmrl_sandbox.linux import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID,
+                                CLONE_NEWUSER, CLONE_NEWUTS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE,
+                                MS_RDONLY, MS_REC, MS_REMOUNT, PR_CAPBSET_DROP, PR_CAP_AMBIENT,
+                                PR_CAP_AMBIENT_CLEAR_ALL, PR_SET_PDEATHSIG, check, libc, mount, unshare)
 
 INSIDE_UID = 1000
 BWRAP_ENV = "WMRL_BWRAP"  # where bwrap is when it is not on PATH (the tests' cached copy)
@@ -73,24 +73,15 @@ def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, 
 
 # --------------------------------------------------------------------------- warm starts: the same, in-process
 
-_CLONE_NEWCGROUP, _CLONE_NEWUTS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x02000000, 0x04000000, 0x10000000, 0x20000000
-_MS_RDONLY, _MS_NOEXEC, _MS_REMOUNT = 1, 8, 32
-_ST_TO_MS = ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC))
+_ST_TO_MS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC))
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _MOUNT_ATTR_RDONLY = 0x1
 _SYS_MOUNT_SETATTR = 442  # the same number on every architecture (one table for syscalls added since 5.1)
-_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 
 
 class _MountAttr(ctypes.Structure):
     _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
                 ("userns_fd", ctypes.c_uint64)]
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def _locked_flags(path: str) -> int:
@@ -102,8 +93,8 @@ def _locked_flags(path: str) -> int:
 def _bind(fd: int, path: str, read_only: bool) -> None:
     """Bind the directory open as ``fd`` (taken before anything was hidden) at ``path``."""
     os.makedirs(path, exist_ok=True)
-    _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None)
-    _mount(None, path, None, _MS_REMOUNT | _MS_BIND | (_MS_RDONLY if read_only else 0) | _locked_flags(path), None)
+    mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+    mount(None, path, None, MS_REMOUNT | MS_BIND | (MS_RDONLY if read_only else 0) | _locked_flags(path), None)
 
 
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -112,10 +103,10 @@ _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 def _minimal_dev(devices: list[tuple[str, int]]) -> None:  # pragma: no cover - in a fork server's child
     """A /dev of its own, as bwrap's ``--dev``: only the harmless nodes (``devices``: opened before),
     the usual links and an empty /dev/shm; no pty of the container (a ``kubectl exec`` terminal)."""
-    _mount("tmpfs", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
+    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
     for name, fd in devices:
         open(f"/dev/{name}", "w").close()
-        _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, _MS_BIND, None)
+        mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND, None)
         os.close(fd)
     for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
@@ -132,8 +123,8 @@ def _drop_capabilities() -> None:
     """In its own user namespace the process holds every capability there: drop them all, for good."""
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last + 1):
-        _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {cap})")
-    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
+        check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {cap})")
+    check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
 
 
 def _exit_code(status: int) -> int:
@@ -170,8 +161,7 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     does: with the program's exit code, or 128 + the signal that killed it.
     """
     uid, gid = os.getuid(), os.getgid()
-    _unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID
-             | _CLONE_NEWCGROUP)
+    unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWCGROUP)
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{INSIDE_UID} {uid} 1")
     _write("/proc/self/gid_map", f"{INSIDE_UID} {gid} 1")
@@ -194,30 +184,30 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     os.close(parent_holds)
     os.close(report_read)
     os.close(info_fd)
-    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
     if select.select([parent_alive], [], [], 0)[0]:  # end of file: the parent died before PDEATHSIG was set
         os._exit(137)
     os.close(parent_alive)
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     # Opened in this mount namespace (a bind's source must be in it), before anything is hidden.
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), True) for path in dict.fromkeys(visible)]
     keep.append((workdir, os.open(workdir, os.O_PATH | os.O_DIRECTORY), False))
     devices = [(name, os.open(f"/dev/{name}", os.O_PATH)) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    _check(_libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr),
-                         ctypes.sizeof(attr)), "mount_setattr(/, read-only)")
-    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+    check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)),
+          "mount_setattr(/, read-only)")
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     _minimal_dev(devices)
     for directory in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(directory):
-            _mount("tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmpfs_bytes},mode=1777")
+            mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777")
     for directory in (*hidden, work_root):
         if os.path.isdir(directory):
-            _mount("tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+            mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for path, fd, read_only in keep:
         _bind(fd, path, read_only)
         os.close(fd)
-    _libc.sethostname(b"sandbox", 7)
+    libc.sethostname(b"sandbox", 7)
     _drop_capabilities()
     program = os.fork()
     if program:

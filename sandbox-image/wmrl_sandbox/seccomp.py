@@ -21,7 +21,7 @@ import errno
 import platform
 import struct
 
-from wmrl_sandbox.executor import _libc
+from wmrl_sandbox.linux import PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, libc
 
 # Classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h).
 _LD_W_ABS = 0x20
@@ -111,17 +111,16 @@ class _SockFprog(ctypes.Structure):
 def set_no_new_privs() -> None:
     """From now on no ``execve`` of this process or its descendants gains privileges (setuid bits,
     file capabilities); irreversible. Set for every execution, with or without the filter."""
-    PR_SET_NO_NEW_PRIVS = 38
-    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
 def install(machine: str | None = None) -> None:
     """Load the filter into this process (and everything it starts from now on); irreversible."""
-    PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+    SECCOMP_MODE_FILTER = 2
     code = program(machine)
     buffer = ctypes.create_string_buffer(code, len(code))
     prog = _SockFprog(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     set_no_new_privs()  # the kernel requires it of an unprivileged caller
-    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")

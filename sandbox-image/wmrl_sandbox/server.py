@@ -46,7 +46,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from wmrl_sandbox import cgroups, executor, selftest, warm
+from wmrl_sandbox import cgroups, executor, linux, selftest, warm
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Isolation, Limits, RequestError
 
 log = logging.getLogger("wmrl.sandbox")
@@ -265,7 +265,7 @@ class SandboxServer:
         self.metrics.busy.set_function(lambda: self.queue.busy)  # read at each scrape
         self.metrics.queued.set_function(lambda: self.queue.queued)
         self.pod = os.environ.get("POD_NAME") or os.environ.get("MY_POD_NAME") or socket.gethostname()
-        executor.set_child_subreaper()
+        linux.set_child_subreaper()
 
     @property
     def busy(self) -> int:

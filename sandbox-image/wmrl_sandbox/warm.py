@@ -48,7 +48,7 @@ import types
 from dataclasses import asdict
 from typing import Any, Optional
 
-from wmrl_sandbox.executor import _PR_SET_PDEATHSIG, _libc
+from wmrl_sandbox.linux import PR_SET_PDEATHSIG, clear_capabilities, libc, pidfd_exited
 
 WARM_MODULES: tuple[str, ...] = (
     "numpy", "scipy", "scipy.stats", "pandas", "sklearn", "sklearn.base", "sklearn.datasets", "sklearn.decomposition",
@@ -59,7 +59,6 @@ WARM_MODULES: tuple[str, ...] = (
 """Imported by every fork server before it serves (a module that fails to import is skipped and reported)."""
 
 READY_TIMEOUT_S = 120.0
-_PR_SET_KEEPCAPS = 8
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The zygote's environment while it imports: one thread per BLAS/OpenMP pool (as executions get), and no
 # allocator threads (a process must be single-threaded when it forks).
@@ -80,7 +79,7 @@ def serve(fd: int, modules: list[str]) -> None:
     this package's parent leave ``sys.path`` before anything else, and the modules a child needs
     to isolate itself (the executor, seccomp) are imported here, while the child still runs as root.
     """
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the server
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the server
     base_vm_mb = _vm_mb()  # a bare interpreter's address space, before any import
     from wmrl_sandbox import executor, seccomp  # noqa: F401 - imported now, as root, from the package
 
@@ -134,7 +133,7 @@ def _vm_mb() -> int:
 
 def _die_with(parent: int) -> None:  # pragma: no cover - in the child
     """Be killed when ``parent`` (the fork server) dies, also if it died already."""
-    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
         os._exit(126)
 
 
@@ -196,7 +195,7 @@ def _enter_namespaces(job: dict, isolation: Any, limits: Any, info_fd: int) -> N
     layout = job["namespaces"]
     namespaces.enter(workdir=job["workdir"], work_root=layout["work_root"], info_fd=info_fd,
                      visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=layout["tmpfs_bytes"])
-    executor._clear_capabilities()
+    clear_capabilities()
     seccomp.set_no_new_privs()  # as bwrap sets it, with or without the filter
     if isolation.seccomp:
         seccomp.install()
@@ -365,8 +364,6 @@ class WarmChild:
     def _reap_orphaned(self, timeout: float = 5.0) -> None:
         """With its fork server gone, the child (which dies with it) is re-parented to this server, a
         child subreaper: reap it here, through its pidfd (so never another process that took its pid)."""
-        from wmrl_sandbox.executor import pidfd_exited
-
         if not pidfd_exited(self._pidfd, timeout):
             return  # still alive: the caller's cleanup (by uid, or the namespace) ends it
         with contextlib.suppress(ChildProcessError, OSError):  # not ours: someone else reaps it

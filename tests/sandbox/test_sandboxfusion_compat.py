@@ -16,7 +16,7 @@ import requests
 from sandbox_fusion import RunCodeRequest, RunCodeResponse, RunStatus, run_code
 
 from sandbox_helpers import TEST_ARGS, assert_contained, run
-from wmrl_sandbox import executor
+from wmrl_sandbox import executor, linux
 from wmrl_sandbox.executor import WORK_SUBDIR, Isolation
 from wmrl_sandbox.local import LocalServer
 
@@ -358,7 +358,7 @@ def in_process(tmp_path, monkeypatch):
 
     yield srv, post
     srv.pool.shutdown(wait=True)
-    executor._libc.prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off again for the test process
+    linux.libc.prctl(linux.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)  # off again for the test process
 
 
 def test_a_failure_after_the_run_is_200_sandbox_error(in_process, monkeypatch):
