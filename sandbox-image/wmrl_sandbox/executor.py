@@ -50,10 +50,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from wmrl_sandbox import cgroups, linux
+from wmrl_sandbox.processes import (MARKER_ENV, kill_everything, live_mains, processes_of_uid, reap_orphans,
+                                    stat_fields, tasks_of_uid)
 
 SCRIPT_NAME = "main.py"
 WORK_SUBDIR = "work"
-MARKER_ENV = "WMRL_SANDBOX_EXECUTION"
 # Directories any uid may write to: masked by a private tmpfs in the execution's mount namespace.
 WORLD_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -276,7 +277,7 @@ class UidPool:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            if _processes_of_uid(uid):  # used by something else on this machine: not ours to kill
+            if processes_of_uid(uid):  # used by something else on this machine: not ours to kill
                 os.close(fd)
                 continue
             self._fds.append(fd)
@@ -289,123 +290,6 @@ class UidPool:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
-
-
-# --------------------------------------------------------------------------- process cleanup
-
-
-def _proc_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _stat_fields(pid: int) -> Optional[list[str]]:
-    """/proc/<pid>/stat after the command name: [state, ppid, pgrp, ...], or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _processes_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes of ``uid``: zombies are dead already and only need reaping."""
-    found = []
-    for pid in _proc_pids():
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-        except FileNotFoundError:
-            continue
-        fields = _stat_fields(pid)
-        if fields is not None and fields[0] != "Z":
-            found.append(pid)
-    return found
-
-
-def _processes_with_marker(marker: str) -> list[int]:
-    needle = f"{MARKER_ENV}={marker}".encode()
-    found = []
-    for pid in _proc_pids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
-def _kill_uid(uid: int) -> None:
-    """kill(-1, SIGKILL) as ``uid``: every process of that uid at once (a fork bomb cannot outrun it)."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)
-        except BaseException:
-            os._exit(1)
-        os._exit(0)
-    os.waitpid(pid, 0)
-
-
-# Children someone waits for (main processes of running executions, fetch_files helpers): the orphan
-# reaper below leaves those to their owners.
-_active_mains: set[int] = set()
-
-
-def _reap_orphans() -> None:
-    """Reap zombies re-parented to this server (it is a child subreaper), except running mains."""
-    me = str(os.getpid())
-    for pid in _proc_pids():
-        if pid in _active_mains:
-            continue
-        fields = _stat_fields(pid)
-        if fields is not None and fields[0] == "Z" and fields[1] == me:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-
-
-def kill_everything(pgid: Optional[int], uid: Optional[int], marker: str, deadline_s: float = 5.0) -> set[int]:
-    """Kill the execution's process group and every process that escaped it; returns the pids found.
-
-    ``pgid`` None: no process group to kill first (a warm execution, whose main process the fork
-    server may already have reaped: its pid, and so its group id, may name another process now;
-    the slot's uid covers every process of the execution).
-    """
-    if pgid is not None:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    seen: set[int] = set()
-    end = time.monotonic() + deadline_s
-    clean_scans = 0
-    while True:
-        if uid is not None:
-            left = _processes_of_uid(uid)
-            if left:
-                _kill_uid(uid)
-        else:
-            left = _processes_with_marker(marker)
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        _reap_orphans()
-        seen.update(left)
-        # One empty scan is not enough: a process caught mid-fork can leave a child that is not in
-        # /proc yet (seen under load: a daemonized grandchild outlived its execution).
-        clean_scans = clean_scans + 1 if not left else 0
-        if clean_scans >= 3:
-            return seen
-        if time.monotonic() > end:
-            raise RuntimeError(f"could not kill the execution's processes: {sorted(left)[:10]}")
-        time.sleep(0.001 if clean_scans else 0.005)  # re-checking a clean scan only needs a fork's time
 
 
 # --------------------------------------------------------------------------- the child side
@@ -425,17 +309,6 @@ def _child_env(workdir: str, marker: str) -> dict[str, str]:
         "MPLBACKEND": "Agg",
         MARKER_ENV: marker,
     }
-
-
-def _tasks_of_uid(uid: int) -> int:
-    """Threads of ``uid`` now: what RLIMIT_NPROC counts against."""
-    total = 0
-    for pid in _processes_of_uid(uid):
-        try:
-            total += len(os.listdir(f"/proc/{pid}/task"))
-        except OSError:
-            pass
-    return total
 
 
 def _masked(path: str) -> bool:
@@ -480,7 +353,7 @@ def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limit
     address_space = memory_mb << 20
     # RLIMIT_NPROC counts every thread of the real uid: the execution's own uid in root mode;
     # otherwise the server's, so the execution gets its allowance on top of what runs now.
-    nproc = limits.nproc if uid is not None else None if tasks_in_cgroup else _tasks_of_uid(os.getuid()) + limits.nproc
+    nproc = limits.nproc if uid is not None else None if tasks_in_cgroup else tasks_of_uid(os.getuid()) + limits.nproc
 
     def preexec() -> None:  # pragma: no cover - runs in the child
         cgroups.join(cgroup_join)
@@ -739,7 +612,7 @@ def _fetch_as_uid(workdir: Path, names: list[str], uid: int, ns_fd: Optional[int
             os._exit(0)
         except BaseException:
             os._exit(1)
-    _active_mains.add(pid)  # ours to reap: another execution's orphan reaper leaves it alone
+    live_mains.claim(pid)  # ours to reap: another execution's orphan reaper leaves it alone
     os.close(w)
     buf = bytearray()
     finished = False
@@ -765,7 +638,7 @@ def _fetch_as_uid(workdir: Path, names: list[str], uid: int, ns_fd: Optional[int
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
-        _active_mains.discard(pid)
+        live_mains.release(pid)
     out: dict[str, bytes] = {}
     view, pos = memoryview(buf), 0
     while pos + _RECORD.size <= len(view):
@@ -859,7 +732,7 @@ def _namespace_init(info_fd: int, parent: int, timeout: float = 10.0) -> Optiona
                 pidfd = os.pidfd_open(pid)
             except ProcessLookupError:  # already gone, and its namespace with it
                 return None
-            fields = _stat_fields(pid)
+            fields = stat_fields(pid)
             if fields is None or int(fields[1]) != parent or linux.pidfd_exited(pidfd):
                 os.close(pidfd)  # reaped before we looked, and its pid reused (or ended): never signal it
                 return None
@@ -877,7 +750,7 @@ def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
         pass
     if not linux.pidfd_exited(init_fd, deadline_s):
         raise RuntimeError("the execution's PID namespace did not end")
-    _reap_orphans()
+    reap_orphans()
 
 
 def execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], isolation: Isolation,
@@ -962,7 +835,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
                                              ns_sock=ns_child, cgroup_join=cgroup_join,
                                              tasks_in_cgroup=tasks_in_cgroup),
                 )
-            _active_mains.add(proc.pid)  # ours to reap: another execution's orphan reaper leaves it alone
+            live_mains.claim(proc.pid)  # ours to reap: another execution's orphan reaper leaves it alone
             if ns_parent is not None:
                 ns_child.close()
                 ns_parent.settimeout(5.0)
@@ -1030,7 +903,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
                         _end_namespace(init_fd)
                 finally:
                     proc.wait()  # a warm one also frees its fork server here
-            _active_mains.discard(proc.pid)
+            live_mains.release(proc.pid)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None and not stream.closed:
                     try:
@@ -1049,6 +922,6 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
 
 __all__ = [
     "ExecutionRequest", "ExecutionResult", "Isolation", "Limits", "RequestError", "UidPool", "WarmSpawnFailed", "execute",
-    "check_searchable", "kill_everything", "memory_limit_mb", "probe_isolation", "safe_relative_path",
+    "check_searchable", "memory_limit_mb", "probe_isolation", "safe_relative_path",
     "SCRIPT_NAME",
 ]

@@ -49,6 +49,7 @@ from dataclasses import asdict
 from typing import Any, Optional
 
 from wmrl_sandbox.linux import PR_SET_PDEATHSIG, clear_capabilities, libc, pidfd_exited
+from wmrl_sandbox.processes import live_mains
 
 WARM_MODULES: tuple[str, ...] = (
     "numpy", "scipy", "scipy.stats", "pandas", "sklearn", "sklearn.base", "sklearn.datasets", "sklearn.decomposition",
@@ -396,9 +397,7 @@ class Zygote:
                                           cwd="/", start_new_session=True)
         finally:
             theirs.close()
-        from wmrl_sandbox import executor
-
-        executor._active_mains.add(self._proc.pid)  # the server's orphan reaper must leave it to us
+        live_mains.claim(self._proc.pid)  # the server's orphan reaper must leave it to us
         self._sock = ours
 
     def ready(self, timeout: float = 0.0) -> bool:
@@ -489,9 +488,7 @@ class Zygote:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
             self._proc.wait()
-            from wmrl_sandbox import executor
-
-            executor._active_mains.discard(self._proc.pid)
+            live_mains.release(self._proc.pid)
             self._proc = None
         self.info = None
 
