@@ -50,6 +50,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from wmrl_sandbox import cgroups, linux
+from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.processes import (MARKER_ENV, kill_everything, live_mains, processes_of_uid, reap_orphans,
                                     stat_fields, tasks_of_uid)
 
@@ -132,37 +133,6 @@ def safe_relative_path(path: str, what: str) -> PurePosixPath:
     return pure
 
 
-# --------------------------------------------------------------------------- capabilities
-
-
-@dataclass(frozen=True)
-class Isolation:
-    """What this host allows; probed once at server start (reported on /healthz)."""
-
-    as_root: bool
-    network_namespace: bool
-    mount_namespace: bool
-    ipc_namespace: bool = False
-    bwrap: Optional[str] = None  # non-root mode: bubblewrap, when it can create the namespaces here
-    seccomp: bool = False
-
-    @property
-    def mode(self) -> str:
-        return "root" if self.as_root else "namespaces" if self.bwrap else "unisolated"
-
-    def describe(self) -> dict:
-        return {
-            "mode": self.mode,
-            "uid_per_slot": self.as_root,
-            "user_namespaces": self.bwrap is not None,
-            "network_namespace": self.network_namespace or self.bwrap is not None,
-            "mount_namespace": self.mount_namespace or self.bwrap is not None,
-            "ipc_namespace": self.ipc_namespace or self.bwrap is not None,
-            "pid_namespace": self.bwrap is not None,
-            "seccomp": self.seccomp,
-        }
-
-
 def closed_ancestor(path: str) -> Optional[str]:
     """The topmost directory above ``path`` that other uids cannot traverse (no ``o+x``), if any."""
     parts = PurePosixPath(os.path.abspath(path)).parts
@@ -193,52 +163,6 @@ def _reveal(paths: tuple[str, ...], exec_dir: str) -> None:  # pragma: no cover 
             os.makedirs(path, exist_ok=True)
             linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND | linux.MS_REC, None)
             os.close(fd)
-
-
-def _probe(flags: int) -> bool:
-    """Whether unshare(flags) works here, tried in a throwaway child process."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            linux.unshare(flags)
-            if flags & linux.CLONE_NEWNS:
-                linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE, None)
-                linux.mount("tmpfs", "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m")
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
-def _probe_bwrap(bwrap: Optional[str]) -> Optional[str]:
-    """``bwrap`` when it can set up an execution's namespaces here (unprivileged user namespaces
-    allowed: not refused by sysctl, seccomp or AppArmor), else None."""
-    if not bwrap:
-        return None
-    try:
-        done = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                               "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"],
-                              capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return bwrap if done.returncode == 0 else None
-
-
-def probe_isolation(bwrap: Optional[str] = None) -> Isolation:
-    """What this host allows. Root mode needs root; non-root mode uses ``bwrap`` (default: found on
-    PATH or through $WMRL_BWRAP) when it works here."""
-    from wmrl_sandbox import namespaces, seccomp
-
-    as_root = os.geteuid() == 0
-    return Isolation(
-        as_root=as_root,
-        network_namespace=as_root and _probe(linux.CLONE_NEWNET),
-        mount_namespace=as_root and _probe(linux.CLONE_NEWNS),
-        ipc_namespace=as_root and _probe(linux.CLONE_NEWIPC),
-        bwrap=None if as_root else _probe_bwrap(bwrap or namespaces.find_bwrap()),
-        seccomp=seccomp.supported(),
-    )
 
 
 # --------------------------------------------------------------------------- uids
@@ -921,7 +845,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
 
 
 __all__ = [
-    "ExecutionRequest", "ExecutionResult", "Isolation", "Limits", "RequestError", "UidPool", "WarmSpawnFailed", "execute",
-    "check_searchable", "memory_limit_mb", "probe_isolation", "safe_relative_path",
+    "ExecutionRequest", "ExecutionResult", "Limits", "RequestError", "UidPool", "WarmSpawnFailed", "execute",
+    "check_searchable", "memory_limit_mb", "safe_relative_path",
     "SCRIPT_NAME",
 ]

@@ -47,7 +47,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from wmrl_sandbox import cgroups, executor, linux, selftest, warm
-from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Isolation, Limits, RequestError
+from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Limits, RequestError
+from wmrl_sandbox.isolation import Isolation, probe_isolation
 
 log = logging.getLogger("wmrl.sandbox")
 
@@ -245,7 +246,7 @@ class SandboxServer:
         self.limits = limits
         self.max_body_bytes = max_body_bytes
         self.python = python
-        self.isolation = isolation or executor.probe_isolation()
+        self.isolation = isolation or probe_isolation()
         self.layers: Optional[dict[str, bool]] = None  # the self-test's findings (self_test)
         if self.isolation.as_root:
             executor.check_searchable(self.work_root)

@@ -48,6 +48,7 @@ import types
 from dataclasses import asdict
 from typing import Any, Optional
 
+from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.linux import PR_SET_PDEATHSIG, clear_capabilities, libc, pidfd_exited
 from wmrl_sandbox.processes import live_mains
 
@@ -163,7 +164,7 @@ def _child(job: dict, fds: list[int], control: socket.socket, zygote: int) -> No
         os.environ.update(job["env"])
         from wmrl_sandbox import executor
 
-        isolation = executor.Isolation(**job["isolation"])
+        isolation = Isolation(**job["isolation"])
         limits = executor.Limits(**job["limits"])
         if job.get("namespaces") is not None:  # deployed mode: fds[3] is the info pipe, as bwrap's
             _enter_namespaces(job, isolation, limits, info_fd=ns_fd)

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_helpers import DEPLOYED_UID, TEST_ARGS, assert_contained, execution_processes, run, start_server
-from wmrl_sandbox.executor import ExecutionRequest, Isolation, _namespace_init, execute
+from wmrl_sandbox.executor import ExecutionRequest, _namespace_init, execute
+from wmrl_sandbox.isolation import Isolation
 
 
 @pytest.fixture(scope="module", params=["root", "deployed"])

@@ -17,7 +17,8 @@ from sandbox_fusion import RunCodeRequest, RunCodeResponse, RunStatus, run_code
 
 from sandbox_helpers import TEST_ARGS, assert_contained, run
 from wmrl_sandbox import executor, linux
-from wmrl_sandbox.executor import WORK_SUBDIR, Isolation
+from wmrl_sandbox.executor import WORK_SUBDIR
+from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.local import LocalServer
 
 
