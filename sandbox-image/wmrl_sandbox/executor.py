@@ -30,7 +30,6 @@ The module is deliberately independent of HTTP: :func:`execute` takes an
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import resource
@@ -51,8 +50,7 @@ from typing import Any, Optional
 
 from wmrl_sandbox import cgroups, linux
 from wmrl_sandbox.isolation import Isolation
-from wmrl_sandbox.processes import (MARKER_ENV, kill_everything, live_mains, processes_of_uid, reap_orphans,
-                                    stat_fields, tasks_of_uid)
+from wmrl_sandbox.processes import MARKER_ENV, kill_everything, live_mains, reap_orphans, stat_fields, tasks_of_uid
 
 SCRIPT_NAME = "main.py"
 WORK_SUBDIR = "work"
@@ -163,57 +161,6 @@ def _reveal(paths: tuple[str, ...], exec_dir: str) -> None:  # pragma: no cover 
             os.makedirs(path, exist_ok=True)
             linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND | linux.MS_REC, None)
             os.close(fd)
-
-
-# --------------------------------------------------------------------------- uids
-
-
-def check_searchable(directory: str) -> None:
-    """In root mode the execution's uid must reach its directory: every ancestor needs o+x."""
-    path = Path(directory).resolve()
-    for d in (path, *path.parents):
-        mode = d.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            raise ValueError(f"--work-root {directory}: {d} (mode {stat.filemode(mode)}) is not searchable "
-                             "by other users, so an execution's uid could not reach its directory")
-
-
-class UidPool:
-    """Dedicated uids, one per slot, unique among the sandbox servers of this machine.
-
-    Each uid is reserved by an exclusive flock on ``<lock_dir>/<uid>.lock`` held for the
-    server's lifetime, so two local servers never share one (a uid-wide kill would
-    otherwise kill the other server's execution). In a Pod there is one server per PID
-    namespace, but the reservation costs nothing there either.
-    """
-
-    def __init__(self, count: int, base: int = 62000, span: int = 2000, lock_dir: Optional[str] = None):
-        self.lock_dir = Path(lock_dir or os.path.join(tempfile.gettempdir(), "wmrl-sandbox-uids"))
-        self.lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._fds: list[int] = []
-        self.uids: list[int] = []
-        for uid in range(base, base + span):
-            if len(self.uids) == count:
-                break
-            fd = os.open(self.lock_dir / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            if processes_of_uid(uid):  # used by something else on this machine: not ours to kill
-                os.close(fd)
-                continue
-            self._fds.append(fd)
-            self.uids.append(uid)
-        if len(self.uids) < count:
-            self.close()
-            raise RuntimeError(f"no {count} free sandbox uids in [{base}, {base + span})")
-
-    def close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
 
 
 # --------------------------------------------------------------------------- the child side
@@ -845,7 +792,6 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
 
 
 __all__ = [
-    "ExecutionRequest", "ExecutionResult", "Limits", "RequestError", "UidPool", "WarmSpawnFailed", "execute",
-    "check_searchable", "memory_limit_mb", "safe_relative_path",
-    "SCRIPT_NAME",
+    "ExecutionRequest", "ExecutionResult", "Limits", "RequestError", "WarmSpawnFailed", "execute", "memory_limit_mb",
+    "safe_relative_path", "SCRIPT_NAME",
 ]

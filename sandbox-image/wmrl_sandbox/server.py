@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from wmrl_sandbox import cgroups, executor, linux, selftest, warm
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Limits, RequestError
 from wmrl_sandbox.isolation import Isolation, probe_isolation
+from wmrl_sandbox.uids import UidPool, check_searchable
 
 log = logging.getLogger("wmrl.sandbox")
 
@@ -249,8 +250,8 @@ class SandboxServer:
         self.isolation = isolation or probe_isolation()
         self.layers: Optional[dict[str, bool]] = None  # the self-test's findings (self_test)
         if self.isolation.as_root:
-            executor.check_searchable(self.work_root)
-        self.uid_pool = executor.UidPool(slots, base=uid_base) if self.isolation.as_root else None
+            check_searchable(self.work_root)
+        self.uid_pool = UidPool(slots, base=uid_base) if self.isolation.as_root else None
         # Each slot: its own uid in root mode (None otherwise) and its own fork server.
         self._slot_uids: list[Optional[int]] = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
         self._free_slots = list(range(slots))
