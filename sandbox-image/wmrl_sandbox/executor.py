@@ -30,9 +30,7 @@ The module is deliberately independent of HTTP: :func:`execute` takes an
 
 from __future__ import annotations
 
-import math
 import os
-import resource
 import secrets
 import selectors
 import shutil
@@ -50,13 +48,11 @@ from typing import Any, Optional
 
 from wmrl_sandbox import cgroups, linux
 from wmrl_sandbox.isolation import Isolation
-from wmrl_sandbox.processes import MARKER_ENV, kill_everything, live_mains, reap_orphans, stat_fields, tasks_of_uid
+from wmrl_sandbox.preexec import child_env, interpreter_root, make_preexec, masked
+from wmrl_sandbox.processes import kill_everything, live_mains, reap_orphans, stat_fields
 
 SCRIPT_NAME = "main.py"
 WORK_SUBDIR = "work"
-# Directories any uid may write to: masked by a private tmpfs in the execution's mount namespace.
-WORLD_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
-
 
 
 class RequestError(ValueError):
@@ -129,147 +125,6 @@ def safe_relative_path(path: str, what: str) -> PurePosixPath:
     if pure.is_absolute() or any(part in ("..", "") for part in pure.parts) or pure == PurePosixPath("."):
         raise RequestError(f"{what}: path {path!r} must be relative and stay inside the working directory")
     return pure
-
-
-def closed_ancestor(path: str) -> Optional[str]:
-    """The topmost directory above ``path`` that other uids cannot traverse (no ``o+x``), if any."""
-    parts = PurePosixPath(os.path.abspath(path)).parts
-    for depth in range(2, len(parts)):
-        ancestor = str(PurePosixPath(*parts[:depth]))
-        try:
-            if not os.stat(ancestor).st_mode & stat.S_IXOTH:
-                return ancestor
-        except OSError:
-            return None
-    return None
-
-
-def _reveal(paths: tuple[str, ...], exec_dir: str) -> None:  # pragma: no cover - runs in the child
-    """Mask each closed ancestor of ``paths`` with an empty tmpfs and bind the paths (and the
-    execution's own directory, if it lies there) back at their own places."""
-    masks: dict[str, list[str]] = {}
-    for path in paths:
-        ancestor = closed_ancestor(path)
-        if ancestor is not None:
-            masks.setdefault(ancestor, []).append(path)
-    for ancestor, wanted in masks.items():
-        if exec_dir.startswith(ancestor + "/"):
-            wanted.append(exec_dir)
-        kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in dict.fromkeys(wanted)]
-        linux.mount("tmpfs", ancestor, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m,mode=0755")
-        for path, fd in kept:
-            os.makedirs(path, exist_ok=True)
-            linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND | linux.MS_REC, None)
-            os.close(fd)
-
-
-# --------------------------------------------------------------------------- the child side
-
-
-def _child_env(workdir: str, marker: str) -> dict[str, str]:
-    return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": workdir,
-        "TMPDIR": workdir,
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        # One execution owns one slot (~one core): no oversubscribing BLAS/OpenMP thread pools.
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "MPLBACKEND": "Agg",
-        MARKER_ENV: marker,
-    }
-
-
-def _masked(path: str) -> bool:
-    return any(path == d or path.startswith(d + "/") for d in WORLD_WRITABLE_DIRS)
-
-
-def interpreter_root(python: str) -> str:
-    """The directory an interpreter needs besides the system (``<venv>`` for ``<venv>/bin/python``)."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(python)))
-
-
-def _make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits: Limits,
-                  memory_mb: int, run_timeout: float, python: str = sys.executable,
-                  ns_sock: Optional[socket.socket] = None, warm: bool = False, reveal: tuple[str, ...] = (),
-                  cgroup_join: tuple[str, ...] = (), tasks_in_cgroup: bool = False):
-    """The function run in the forked child before exec (root work first, then dropping to ``uid``).
-
-    ``cgroup_join``: the execution's cgroup (:mod:`wmrl_sandbox.cgroups`), joined first, so
-    every process it starts is born inside its limits. ``tasks_in_cgroup``: the group bounds the
-    execution's tasks (``pids.max``), so RLIMIT_NPROC, which outside root mode counts every
-    process of the server's uid (other executions' too), is left as it is.
-
-    The private tmpfs over /tmp and friends would also hide the execution's directory and the
-    interpreter's environment when they live there (a checkout under /tmp: every execution failed
-    with "No such file or directory"), so those two are bound back at their own paths.
-
-    With ``ns_sock``, the child sends the server a descriptor of its mount namespace once that is
-    set up: it keeps the namespace (and its private /tmp) alive after the execution's last process
-    is gone, so ``fetch_files`` can read ``/tmp/...`` as the program saw it.
-
-    ``warm``: called in a fork server's child (:mod:`wmrl_sandbox.warm`), where no ``execve``
-    follows to drop root's capabilities: they are cleared here, and checked, before seccomp.
-    ``reveal``: directories the program must be able to read although an ancestor is closed to
-    its uid (the fork server's interpreter under /root, say): that ancestor is masked by an empty
-    tmpfs in the execution's mount namespace and only these directories are bound back.
-    """
-    from wmrl_sandbox import seccomp
-
-    hidden = [path for path in dict.fromkeys((exec_dir, interpreter_root(python))) if _masked(path)]
-    own_process_rules = not (uid is None and isolation.bwrap)  # else bwrap sets no_new_privs and loads the filter
-    cpu_seconds = int(math.ceil(run_timeout)) + 1
-    address_space = memory_mb << 20
-    # RLIMIT_NPROC counts every thread of the real uid: the execution's own uid in root mode;
-    # otherwise the server's, so the execution gets its allowance on top of what runs now.
-    nproc = limits.nproc if uid is not None else None if tasks_in_cgroup else tasks_of_uid(os.getuid()) + limits.nproc
-
-    def preexec() -> None:  # pragma: no cover - runs in the child
-        cgroups.join(cgroup_join)
-        if uid is not None:
-            flags = ((linux.CLONE_NEWNET if isolation.network_namespace else 0)
-                     | (linux.CLONE_NEWNS if isolation.mount_namespace else 0)
-                     | (linux.CLONE_NEWIPC if isolation.ipc_namespace else 0))
-            if flags:
-                linux.unshare(flags)
-            if isolation.mount_namespace:
-                linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE, None)
-                kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in hidden]
-                for d in WORLD_WRITABLE_DIRS:
-                    if os.path.isdir(d):
-                        linux.mount("tmpfs", d, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
-                                    f"size={limits.tmpfs_mb}m,mode=1777")
-                for path, fd in kept:  # under a masked directory: bind it back at its own path
-                    os.makedirs(path, exist_ok=True)
-                    linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND, None)
-                    os.close(fd)
-                _reveal(reveal, exec_dir)
-                if ns_sock is not None:
-                    ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-                    socket.send_fds(ns_sock, [b"m"], [ns_fd])
-                    os.close(ns_fd)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb << 20, limits.file_size_mb << 20))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if nproc is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        if uid is not None:
-            linux.drop_to_uid(uid)
-            if warm:
-                linux.clear_capabilities()
-                # A uid change without execve leaves the process non-dumpable (its /proc files root's);
-                # a cold execution is dumpable after its execve: the same here.
-                linux.libc.prctl(linux.PR_SET_DUMPABLE, 1, 0, 0, 0)
-        if own_process_rules:  # last: nothing above may be refused by the filter
-            seccomp.set_no_new_privs()
-            if isolation.seccomp:
-                seccomp.install()
-
-    return preexec
 
 
 # --------------------------------------------------------------------------- the server side
@@ -562,7 +417,7 @@ def _namespace_layout(workdir: Path, work_root: str, needed: list[str]) -> dict[
     hidden = [home] if home not in ("/", "") and os.path.isdir(home) and not str(workdir).startswith(home + "/") else []
     under = lambda path, d: path == d or path.startswith(d.rstrip("/") + "/")  # noqa: E731
     visible = [path for path in dict.fromkeys(needed)
-               if _masked(path) or under(path, work_root) or any(under(path, d) for d in hidden)]
+               if masked(path) or under(path, work_root) or any(under(path, d) for d in hidden)]
     return {"work_root": work_root, "hidden": hidden, "visible": visible}
 
 
@@ -665,7 +520,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
         cgroup_join = tuple(exec_group.join_files) if exec_group is not None else ()
         tasks_in_cgroup = exec_group is not None and exec_group.bounds_tasks
         out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
-        # Root mode with a mount namespace: the child hands over a handle on it (see _make_preexec).
+        # Root mode with a mount namespace: the child hands over a handle on it (see make_preexec).
         want_ns = uid is not None and isolation.mount_namespace and bool(request.fetch_files)
         ns_parent, ns_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) if want_ns else (None, None)
         filter_read = info_write = None
@@ -688,7 +543,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
                                                                        *warm.info["libraries"]]),
                               "tmpfs_bytes": limits.tmpfs_mb << 20}
                 job = job_message(warm, script=str(workdir / SCRIPT_NAME), workdir=str(workdir), exec_dir=str(exec_dir),
-                                  env=_child_env(str(workdir), marker), uid=uid, isolation=isolation, limits=limits,
+                                  env=child_env(str(workdir), marker), uid=uid, isolation=isolation, limits=limits,
                                   memory_mb=memory_mb, run_timeout=run_timeout, python=python, namespaces=layout,
                                   cgroup_join=cgroup_join, tasks_in_cgroup=tasks_in_cgroup)
                 extra_fd = info_write if info_write is not None else ns_child.fileno() if ns_child is not None else None
@@ -700,9 +555,9 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
             else:
                 proc = subprocess.Popen(
                     command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    cwd=str(workdir), env=_child_env(str(workdir), marker), start_new_session=True,
+                    cwd=str(workdir), env=child_env(str(workdir), marker), start_new_session=True,
                     pass_fds=tuple(fd for fd in (filter_read, info_write) if fd is not None),
-                    preexec_fn=_make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
+                    preexec_fn=make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
                                              ns_sock=ns_child, cgroup_join=cgroup_join,
                                              tasks_in_cgroup=tasks_in_cgroup),
                 )

@@ -7,7 +7,7 @@ forks one fresh child per execution:
 
 * the child applies the execution's isolation after the fork and before any user code runs,
   with the same function a cold execution runs before ``exec``
-  (:func:`wmrl_sandbox.executor._make_preexec`: mount, network and IPC namespaces, private
+  (:func:`wmrl_sandbox.preexec.make_preexec`: mount, network and IPC namespaces, private
   /tmp, /var/tmp and /dev/shm, rlimits, the slot's uid, ``no_new_privs``, seccomp), then
   clears every capability (a cold execution loses them in ``execve``; there is none here) and
   checks that none is left;
@@ -50,6 +50,7 @@ from typing import Any, Optional
 
 from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.linux import PR_SET_PDEATHSIG, clear_capabilities, libc, pidfd_exited
+from wmrl_sandbox.preexec import make_preexec
 from wmrl_sandbox.processes import live_mains
 
 WARM_MODULES: tuple[str, ...] = (
@@ -171,10 +172,9 @@ def _child(job: dict, fds: list[int], control: socket.socket, zygote: int) -> No
             os.environ["PWD"] = job["workdir"]  # as bwrap's --chdir sets it
         else:
             ns_sock = socket.socket(fileno=ns_fd) if ns_fd is not None else None
-            executor._make_preexec(job["exec_dir"], job["uid"], isolation, limits, job["memory_mb"],
-                                   job["run_timeout"], job["python"], ns_sock=ns_sock, warm=True,
-                                   reveal=tuple(job["reveal"]), cgroup_join=tuple(job["cgroup_join"]),
-                                   tasks_in_cgroup=job["tasks_in_cgroup"])()
+            make_preexec(job["exec_dir"], job["uid"], isolation, limits, job["memory_mb"], job["run_timeout"],
+                         job["python"], ns_sock=ns_sock, warm=True, reveal=tuple(job["reveal"]),
+                         cgroup_join=tuple(job["cgroup_join"]), tasks_in_cgroup=job["tasks_in_cgroup"])()
             if ns_sock is not None:
                 ns_sock.close()
             _die_with(zygote)  # the uid change above cleared it
@@ -189,11 +189,10 @@ def _child(job: dict, fds: list[int], control: socket.socket, zygote: int) -> No
 def _enter_namespaces(job: dict, isolation: Any, limits: Any, info_fd: int) -> None:  # pragma: no cover - in the child
     """What a cold execution gets from bubblewrap, in this process: the limits first (as the server
     sets them before bwrap starts), then the namespaces, then no capability and the seccomp filter."""
-    from wmrl_sandbox import executor, namespaces, seccomp
+    from wmrl_sandbox import namespaces, seccomp
 
-    executor._make_preexec(job["exec_dir"], None, isolation, limits, job["memory_mb"], job["run_timeout"],
-                           job["python"], cgroup_join=tuple(job["cgroup_join"]),
-                           tasks_in_cgroup=job["tasks_in_cgroup"])()
+    make_preexec(job["exec_dir"], None, isolation, limits, job["memory_mb"], job["run_timeout"], job["python"],
+                 cgroup_join=tuple(job["cgroup_join"]), tasks_in_cgroup=job["tasks_in_cgroup"])()
     layout = job["namespaces"]
     namespaces.enter(workdir=job["workdir"], work_root=layout["work_root"], info_fd=info_fd,
                      visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=layout["tmpfs_bytes"])
@@ -578,12 +577,12 @@ def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env
     ``reveal``: the zygote's library directories. The child reads modules it has not imported
     yet from them as the slot's uid; where one lies under a directory closed to other uids (an
     interpreter under /root), the child's mount namespace masks that directory and binds only
-    these back (:func:`wmrl_sandbox.executor._reveal`).
+    these back (:func:`wmrl_sandbox.preexec.make_preexec`).
 
     ``namespaces`` (deployed mode): what :func:`wmrl_sandbox.namespaces.enter` hides and shows
     (``work_root``, ``hidden``, ``visible``, ``tmpfs_bytes``), as bwrap would for a cold execution.
     ``cgroup_join``: the execution's cgroup, which the child joins before anything else
-    (``tasks_in_cgroup``: it bounds the execution's tasks; see ``executor._make_preexec``).
+    (``tasks_in_cgroup``: it bounds the execution's tasks; see ``preexec.make_preexec``).
     """
     return {"script": script, "workdir": workdir, "exec_dir": exec_dir, "env": env, "uid": uid,
             "isolation": asdict(isolation), "limits": asdict(limits), "memory_mb": memory_mb + zygote.info["preloaded_mb"],

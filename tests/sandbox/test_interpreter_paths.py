@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from sandbox_helpers import TEST_ARGS, run
-from wmrl_sandbox.executor import interpreter_root
 from wmrl_sandbox.local import LocalServer
+from wmrl_sandbox.preexec import interpreter_root
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the private /tmp is a root-mode isolation (mount namespace)")
