@@ -36,8 +36,6 @@ import selectors
 import shutil
 import signal
 import socket
-import stat
-import struct
 import subprocess
 import sys
 import tempfile
@@ -47,6 +45,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from wmrl_sandbox import cgroups, linux
+from wmrl_sandbox.fetch import fetch_as_uid, fetch_in_workdir
 from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.preexec import child_env, interpreter_root, make_preexec, masked
 from wmrl_sandbox.processes import kill_everything, live_mains, reap_orphans, stat_fields
@@ -224,165 +223,6 @@ def _prepare(exec_dir: Path, workdir: Path, request: ExecutionRequest, uid: Opti
             os.chown(root, uid, uid)
             for name in files:
                 os.chown(os.path.join(root, name), uid, uid)
-
-
-def _read_capped(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes of ``fd`` (fewer at end of file)."""
-    chunks, size = [], 0
-    while size < limit:
-        chunk = os.read(fd, min(1 << 20, limit - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-def _fetch_in_workdir(workdir: Path, names: list[str], cap: int) -> tuple[dict[str, bytes], bool]:
-    """fetch_files without a uid of its own (non-root mode): only files inside the working directory.
-
-    The program runs as the server's own user and shares its /tmp, so a file elsewhere cannot be
-    told from the server's or another execution's: absolute paths count only when they lead into
-    the working directory. Never follows a link out of it.
-    """
-    out: dict[str, bytes] = {}
-    total = 0
-    real_root = os.path.realpath(workdir)
-    for name in names:
-        if not name or "\x00" in name:
-            continue
-        path = os.path.realpath(os.path.join(workdir, name))
-        if not path.startswith(real_root + os.sep):
-            continue
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                continue
-            data = _read_capped(fd, cap - total + 1)
-        finally:
-            os.close(fd)
-        if total + len(data) > cap:
-            return out, True
-        total += len(data)
-        out[name] = data
-    return out, False
-
-
-_RECORD = struct.Struct("!IQ")  # (index into names, length) then the content; index _END closes the stream
-_END = 0xFFFFFFFF
-
-
-def _fetch_as_uid(workdir: Path, names: list[str], uid: int, ns_fd: Optional[int], cap: int,
-                  deadline_s: float = 30.0) -> tuple[dict[str, bytes], bool]:
-    """fetch_files as the program saw them (root mode): read by a helper that enters the execution's
-    mount namespace (``ns_fd``) and becomes its uid, so a relative path is resolved in the working
-    directory, an absolute one in the program's own view (``/tmp/x`` is its private /tmp), and only
-    what the program itself could read is returned.
-
-    Runs after every process of the execution is dead, so nothing can swap a file meanwhile. Only
-    regular files owned by the execution's uid count (a hard link to a root-only file is owned by
-    root; so are the helper's own /proc files, and procfs is refused outright); the last path
-    component is never a followed symlink. Returns (files, whether the cap left some out).
-    Raises RuntimeError when the helper fails: the sandbox's fault, not the program's.
-    """
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            os.close(r)
-            if ns_fd is not None and linux.libc.setns(ns_fd, linux.CLONE_NEWNS) != 0:
-                os._exit(3)
-            # No descriptor of the server's (another execution's directory being removed...) to read through.
-            for fd in map(int, os.listdir("/proc/self/fd")):
-                if fd > 2 and fd != w:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            proc_dev = os.stat("/proc").st_dev
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            linux.libc.prctl(linux.PR_SET_DUMPABLE, 0, 0, 0, 0)
-            try:
-                os.chdir(workdir)
-                in_workdir = True
-            except OSError:  # the program made its directory unreachable: its relative files are gone
-                in_workdir = False
-            total = 0
-            for index, name in enumerate(names):
-                if not name or "\x00" in name or (not in_workdir and not name.startswith("/")):
-                    continue
-                try:
-                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                try:
-                    st = os.fstat(fd)
-                    if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_dev == proc_dev:
-                        continue
-                    data = _read_capped(fd, cap - total + 1)
-                except OSError:
-                    continue
-                finally:
-                    os.close(fd)
-                if total + len(data) > cap:
-                    _write_all(w, _RECORD.pack(_END, 1))
-                    os._exit(0)
-                total += len(data)
-                _write_all(w, _RECORD.pack(index, len(data)) + data)
-            _write_all(w, _RECORD.pack(_END, 0))
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    live_mains.claim(pid)  # ours to reap: another execution's orphan reaper leaves it alone
-    os.close(w)
-    buf = bytearray()
-    finished = False
-    try:
-        end = time.monotonic() + deadline_s
-        with selectors.DefaultSelector() as sel:
-            sel.register(r, selectors.EVENT_READ)
-            while True:
-                remaining = end - time.monotonic()
-                if remaining <= 0:
-                    raise RuntimeError(f"fetch_files: reading the files took over {deadline_s:.0f}s")
-                if sel.select(remaining):
-                    chunk = os.read(r, 1 << 20)
-                    if not chunk:
-                        break
-                    buf += chunk
-        finished = True
-    finally:
-        os.close(r)
-        if not finished:  # stuck: it has nothing left to do
-            os.kill(pid, signal.SIGKILL)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-        live_mains.release(pid)
-    out: dict[str, bytes] = {}
-    view, pos = memoryview(buf), 0
-    while pos + _RECORD.size <= len(view):
-        index, length = _RECORD.unpack_from(view, pos)
-        pos += _RECORD.size
-        if index == _END:
-            return out, bool(length)
-        if index >= len(names) or pos + length > len(view):
-            break
-        out[names[index]] = bytes(view[pos:pos + length])
-        pos += length
-    raise RuntimeError("fetch_files: the helper reading the files ended without finishing")
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _remove(path: Path) -> None:
@@ -595,9 +435,9 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
         if not request.fetch_files:
             files, files_truncated = {}, False
         elif uid is None:
-            files, files_truncated = _fetch_in_workdir(workdir, request.fetch_files, limits.max_fetch_bytes)
+            files, files_truncated = fetch_in_workdir(workdir, request.fetch_files, limits.max_fetch_bytes)
         else:
-            files, files_truncated = _fetch_as_uid(workdir, request.fetch_files, uid, ns_fd, limits.max_fetch_bytes)
+            files, files_truncated = fetch_as_uid(workdir, request.fetch_files, uid, ns_fd, limits.max_fetch_bytes)
         return ExecutionResult(
             status="Finished" if finished else "TimeLimitExceeded",
             execution_time=elapsed,

@@ -368,8 +368,8 @@ def test_a_failure_after_the_run_is_200_sandbox_error(in_process, monkeypatch):
     def broken(*_args, **_kwargs):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(executor, "_fetch_in_workdir", broken)
-    monkeypatch.setattr(executor, "_fetch_as_uid", broken)
+    monkeypatch.setattr(executor, "fetch_in_workdir", broken)
+    monkeypatch.setattr(executor, "fetch_as_uid", broken)
     status, body = post({"code": "open('out.txt', 'w').write('x')\nprint('ran')", "language": "python",
                          "fetch_files": ["out.txt"]})
     assert status == 200

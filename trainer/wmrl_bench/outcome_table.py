@@ -49,8 +49,8 @@ def code_key(code: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
 
 
-EXECUTING_SOURCES = ("executor.py", "isolation.py", "linux.py", "preexec.py", "processes.py", "uids.py", "warm.py",
-                     "server.py", "seccomp.py", "namespaces.py")
+EXECUTING_SOURCES = ("executor.py", "fetch.py", "isolation.py", "linux.py", "preexec.py", "processes.py", "uids.py",
+                     "warm.py", "server.py", "seccomp.py", "namespaces.py")
 """The sandbox modules that run a script and time it (the dispatcher, the benchmark and the self-test do not)."""
 
 
