@@ -49,6 +49,7 @@ from wmrl_sandbox.fetch import fetch_as_uid, fetch_in_workdir
 from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.preexec import child_env, interpreter_root, make_preexec, masked
 from wmrl_sandbox.processes import kill_everything, live_mains, reap_orphans, stat_fields
+from wmrl_sandbox.warm_slots import WarmSpawnFailed, job_message
 
 SCRIPT_NAME = "main.py"
 WORK_SUBDIR = "work"
@@ -56,11 +57,6 @@ WORK_SUBDIR = "work"
 
 class RequestError(ValueError):
     """The request itself is invalid (bad path, bad base64...): the client's fault, not the sandbox's."""
-
-
-class WarmSpawnFailed(OSError):
-    """The slot's fork server did not start the execution (it died, or is dying): whatever its child
-    did died with it, so the execution runs again, cold, in a fresh directory."""
 
 
 @dataclass(frozen=True)
@@ -334,7 +330,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
              limits: Limits, python: str, warm: Optional[Any], groups: Optional[cgroups.Cgroups]) -> ExecutionResult:
     """Run ``request.code`` as ``python -E -s -B <workdir>/main.py`` in a fresh directory under ``work_root``.
 
-    ``warm``: the slot's fork server (:class:`wmrl_sandbox.warm.Zygote`): the program
+    ``warm``: the slot's fork server (:class:`wmrl_sandbox.warm_slots.Zygote`): the program
     runs in a child forked from it, with the same isolation, instead of a new interpreter.
     ``groups``: the server's cgroups: the execution gets a group of its own with ``memory_mb``
     and ``limits.nproc`` for all its processes together (and ``groups.cpus`` CPUs).
@@ -375,8 +371,6 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
                                             info_write) + command
             start = time.monotonic()
             if warm is not None:
-                from wmrl_sandbox.warm import job_message
-
                 layout = None
                 if info_write is not None:  # deployed mode: the child makes bwrap's namespaces itself
                     layout = {**_namespace_layout(workdir, work_root, [interpreter_root(python),
@@ -487,6 +481,6 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
 
 
 __all__ = [
-    "ExecutionRequest", "ExecutionResult", "Limits", "RequestError", "WarmSpawnFailed", "execute", "memory_limit_mb",
+    "ExecutionRequest", "ExecutionResult", "Limits", "RequestError", "execute", "memory_limit_mb",
     "safe_relative_path", "SCRIPT_NAME",
 ]

@@ -46,7 +46,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from wmrl_sandbox import cgroups, executor, linux, selftest, warm
+from wmrl_sandbox import cgroups, executor, linux, selftest, warm_slots
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Limits, RequestError
 from wmrl_sandbox.isolation import Isolation, probe_isolation
 from wmrl_sandbox.uids import UidPool, check_searchable
@@ -262,7 +262,7 @@ class SandboxServer:
         self.cgroups = cgroups.Cgroups.setup(
             cgroups_mode, cpus=cpus, unusable="unisolated mode: an execution could change its own cgroup's limits"
             if self.isolation.mode == "unisolated" else None)
-        self.warm = warm.WarmSlots(slots, python, self.isolation, enabled=warm_start)
+        self.warm = warm_slots.WarmSlots(slots, python, self.isolation, enabled=warm_start)
         self.metrics = Metrics(slots, max_queue)
         self.metrics.busy.set_function(lambda: self.queue.busy)  # read at each scrape
         self.metrics.queued.set_function(lambda: self.queue.queued)

@@ -50,7 +50,7 @@ def code_key(code: str) -> str:
 
 
 EXECUTING_SOURCES = ("executor.py", "fetch.py", "isolation.py", "linux.py", "preexec.py", "processes.py", "uids.py",
-                     "warm.py", "server.py", "seccomp.py", "namespaces.py")
+                     "warm.py", "warm_slots.py", "server.py", "seccomp.py", "namespaces.py")
 """The sandbox modules that run a script and time it (the dispatcher, the benchmark and the self-test do not)."""
 
 
