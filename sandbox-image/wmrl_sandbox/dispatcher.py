@@ -84,7 +84,7 @@ class EndpointSliceEndpoints:
 
     def __init__(self, namespace: str, service: str, port: Optional[int] = 8080, *, refresh_seconds: float = 5.0,
                  kubeconfig: Optional[str] = None, api_client: Any = None):
-        from kubernetes import client, config
+        from kubernetes import client, config  # lazy: slow to import, and only this discovery needs it
 
         if api_client is None:
             try:
@@ -205,7 +205,7 @@ class SandboxDispatcher:
 
     def run_task(self, task, code: str, run_timeout: Optional[float] = None) -> cf.Future:
         """Run a solution of ``task`` (its data under ``data/``), fetch its submission, grade it -> Outcome."""
-        from wmrl.grading import grade
+        from wmrl.grading import grade  # lazy: it imports numpy, which running code alone never needs
 
         files = {f"data/{name}": content for name, content in task.data.items()}
 

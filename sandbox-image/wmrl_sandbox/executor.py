@@ -30,6 +30,7 @@ The module is deliberately independent of HTTP: :func:`execute` takes an
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import selectors
@@ -44,9 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
-from wmrl_sandbox import cgroups, linux
+from wmrl_sandbox import cgroups, seccomp
 from wmrl_sandbox.fetch import fetch_as_uid, fetch_in_workdir
 from wmrl_sandbox.isolation import Isolation
+from wmrl_sandbox.linux import pidfd_exited
+from wmrl_sandbox.namespaces import bwrap_command
 from wmrl_sandbox.preexec import child_env, interpreter_root, make_preexec, masked
 from wmrl_sandbox.processes import kill_everything, live_mains, reap_orphans, stat_fields
 from wmrl_sandbox.warm_slots import WarmSpawnFailed, job_message
@@ -120,9 +123,6 @@ def safe_relative_path(path: str, what: str) -> PurePosixPath:
     if pure.is_absolute() or any(part in ("..", "") for part in pure.parts) or pure == PurePosixPath("."):
         raise RequestError(f"{what}: path {path!r} must be relative and stay inside the working directory")
     return pure
-
-
-# --------------------------------------------------------------------------- the server side
 
 
 class _Capture:
@@ -235,8 +235,6 @@ def _remove(path: Path) -> None:
 
 def _filter_pipe() -> int:
     """The read end of a pipe holding the seccomp program (bwrap reads it up to end of file)."""
-    from wmrl_sandbox import seccomp
-
     code = seccomp.program()
     read, write = os.pipe()
     try:
@@ -259,8 +257,7 @@ def _namespace_layout(workdir: Path, work_root: str, needed: list[str]) -> dict[
 
 def _bwrap_prefix(bwrap: str, workdir: Path, work_root: str, python: str, limits: Limits, filter_fd: int,
                   info_fd: int) -> list[str]:
-    from wmrl_sandbox.namespaces import bwrap_command
-
+    """bwrap's arguments for a cold deployed-mode execution, up to the program's command line."""
     layout = _namespace_layout(workdir, work_root, [interpreter_root(python)])
     return bwrap_command(bwrap, workdir=str(workdir), work_root=work_root, seccomp_fd=filter_fd, info_fd=info_fd,
                          visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=limits.tmpfs_mb << 20)
@@ -275,8 +272,6 @@ def _namespace_init(info_fd: int, parent: int, timeout: float = 10.0) -> Optiona
     pidfd is kept only if, while it was open and its process alive, that process was ``parent``'s
     child: then it is the namespace's first process, and the pidfd can never point elsewhere.
     """
-    import json
-
     data = b""
     end = time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
@@ -295,7 +290,7 @@ def _namespace_init(info_fd: int, parent: int, timeout: float = 10.0) -> Optiona
             except ProcessLookupError:  # already gone, and its namespace with it
                 return None
             fields = stat_fields(pid)
-            if fields is None or int(fields[1]) != parent or linux.pidfd_exited(pidfd):
+            if fields is None or int(fields[1]) != parent or pidfd_exited(pidfd):
                 os.close(pidfd)  # reaped before we looked, and its pid reused (or ended): never signal it
                 return None
             return pidfd
@@ -310,7 +305,7 @@ def _end_namespace(init_fd: int, deadline_s: float = 5.0) -> None:
         signal.pidfd_send_signal(init_fd, signal.SIGKILL)
     except ProcessLookupError:  # exited already
         pass
-    if not linux.pidfd_exited(init_fd, deadline_s):
+    if not pidfd_exited(init_fd, deadline_s):
         raise RuntimeError("the execution's PID namespace did not end")
     reap_orphans()
 
