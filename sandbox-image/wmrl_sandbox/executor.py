@@ -222,6 +222,8 @@ def _prepare(exec_dir: Path, workdir: Path, request: ExecutionRequest, uid: Opti
 
 
 def _remove(path: Path) -> None:
+    """Remove an execution's directory, whatever permissions the program left on what it made there."""
+
     def force(func, p, _exc):
         try:
             os.chmod(os.path.dirname(p), 0o700)

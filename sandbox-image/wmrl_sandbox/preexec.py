@@ -102,8 +102,8 @@ def make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits
     process of the server's uid (other executions' too), is left as it is.
 
     The private tmpfs over /tmp and friends would also hide the execution's directory and the
-    interpreter's environment when they live there (a checkout under /tmp: every execution failed
-    with "No such file or directory"), so those two are bound back at their own paths.
+    interpreter's environment when they live there (a checkout under /tmp), so those two are bound
+    back at their own paths.
 
     With ``ns_sock``, the child sends the server a descriptor of its mount namespace once that is
     set up: it keeps the namespace (and its private /tmp) alive after the execution's last process

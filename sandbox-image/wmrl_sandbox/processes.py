@@ -157,7 +157,7 @@ def kill_everything(pgid: Optional[int], uid: Optional[int], marker: str, deadli
         reap_orphans()
         seen.update(left)
         # One empty scan is not enough: a process caught mid-fork can leave a child that is not in
-        # /proc yet (seen under load: a daemonized grandchild outlived its execution).
+        # /proc yet, and a daemonized grandchild would outlive its execution.
         clean_scans = clean_scans + 1 if not left else 0
         if clean_scans >= 3:
             return seen

@@ -68,7 +68,7 @@ def serve(fd: int, modules: list[str]) -> None:
 
     Nothing is ever imported from a directory a request controls: the current directory and
     this package's parent leave ``sys.path`` before anything else, and the modules a child needs
-    to isolate itself (preexec, namespaces, seccomp) were imported with this module, from the package.
+    to isolate itself (preexec, namespaces, seccomp) are imported with this module, from the package.
     """
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the server
     base_vm_mb = _vm_mb()  # a bare interpreter's address space, before any import
@@ -220,8 +220,8 @@ def _exit(code: object, preloaded: frozenset) -> None:  # pragma: no cover - in 
     """End the execution as the interpreter's exit would, less its teardown of the preloaded stack.
 
     Tearing down numpy, scipy, pandas and scikit-learn touches the pages the fork server shares
-    with the child, and each touch copies a page: measured, that teardown was most of a warm
-    execution's time (about 100 of 157 ms for an import-and-fit program on a loaded 2-core machine).
+    with the child, and each touch copies a page: that teardown is most of a warm execution's time
+    (about 100 of 157 ms for an import-and-fit program on a loaded 2-core machine).
     What a program can observe of ``Py_FinalizeEx`` still happens, in its order: a ``SystemExit``
     code means what it means to the interpreter; non-daemon threads are joined; ``atexit`` handlers
     run; the standard streams are flushed (a failure is reported and exits 120); a collection runs;
