@@ -173,7 +173,8 @@ def replay(config_path: Path, steps: dict[int, list[dict]], sandbox_url: str) ->
 
 def check_rows(steps: dict[int, list[dict]], ranks: int) -> None:
     from wmrl_trainer.grpo import wmrl_advantages
-    from wmrl_trainer.loop import Scored, StepRecord
+    from wmrl_trainer.loop import Scored
+    from wmrl_trainer.records import StepRecord
 
     for number, rows in steps.items():
         assert [r["row"] for r in rows] == list(range(GROUP_SIZE * GROUPS)), f"step {number}: rows missing"

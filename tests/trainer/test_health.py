@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from wmrl_trainer.health import HealthMonitor, distinct_per_group, problems
-from wmrl_trainer.loop import StepRecord
+from wmrl_trainer.records import StepRecord
 
 
 def test_distinct_per_group_counts_each_groups_distinct_scripts():

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from wmrl_trainer.health import HealthMonitor
-from wmrl_trainer.loop import StepRecord
+from wmrl_trainer.records import StepRecord
 from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics, progress_of
 
 

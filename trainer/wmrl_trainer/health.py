@@ -3,7 +3,7 @@
 GRPO learns from differences inside a group. When every rollout of a group is the same
 script, or every completion runs into the token limit, the group's rewards are equal, its
 advantages are zero, and nothing pulls the policy back: a collapse is silent in the reward
-curve until it is too late. Each step therefore records (:class:`~wmrl_trainer.loop.StepRecord`):
+curve until it is too late. Each step therefore records (:class:`~wmrl_trainer.records.StepRecord`):
 
 * ``distinct_per_group``: distinct completions per group, averaged over groups (1 = collapsed);
 * ``truncated_share``: completions that end in no stop token (cut off at ``maxNewTokens``);

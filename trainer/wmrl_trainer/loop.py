@@ -46,7 +46,7 @@ import math
 import re
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -55,6 +55,8 @@ from wmrl.api.schema import Mode
 from wmrl.outcome import Outcome
 from wmrl.tasks import Task
 from wmrl_trainer.health import distinct_per_group
+from wmrl_trainer.records import StepRecord
+from wmrl_trainer.turns import Trajectories
 
 log = logging.getLogger("wmrl.trainer.loop")
 
@@ -68,55 +70,6 @@ def extract_code(completion: str) -> str:
     """
     match = _FENCE.search(completion)
     return match.group(1) if match else completion
-
-
-@dataclass
-class StepRecord:
-    """What one training step did and how long each phase kept the trainer waiting (seconds)."""
-
-    step: int
-    mode: str
-    generation: float = 0.0
-    world_model: float = 0.0
-    execution: float = 0.0
-    calibration: float = 0.0
-    update: float = 0.0
-    total: float = 0.0
-    world_model_busy: float = 0.0
-    mean_real_reward: Optional[float] = None
-    mean_world_model_reward: Optional[float] = None
-    mean_calibrated_reward: Optional[float] = None
-    anchor_groups: int = 0
-    anchor_fraction: Optional[float] = None
-    dropped_anchors: int = 0
-    late_anchors: int = 0
-    late_folded: int = 0
-    bias_reduction: Optional[float] = None
-    weight: Optional[float] = None
-    executions: int = 0
-    failed_executions: int = 0
-    sandbox_seconds: float = 0.0
-    ungraded: int = 0
-    rows: int = 0
-    demand: int = 0
-    calibration_stale_seconds: Optional[float] = None
-    # Policy health (wmrl_trainer.health): set by the step (distinct) and from TRL's step metrics (the rest).
-    distinct_per_group: Optional[float] = None
-    truncated_share: Optional[float] = None
-    mean_completion_tokens: Optional[float] = None
-    entropy: Optional[float] = None
-    health_warning: Optional[str] = None
-    # Multi-turn only (wmrl_trainer.turns.Trajectories.summary): mean turns, stop reasons, best turn, repair rate.
-    turns: Optional[dict] = None
-
-    @property
-    def execution_wait_fraction(self) -> float:
-        return self.execution / self.total if self.total > 0 else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["execution_wait_fraction"] = self.execution_wait_fraction
-        return out
 
 
 @dataclass
@@ -384,8 +337,6 @@ class WMRLStep:
         The anchor groups are chosen now: their trajectories are graded by the sandbox on
         every turn and see its real feedback; the others see the world model's.
         """
-        from wmrl_trainer.turns import Trajectories
-
         if not tasks or group_size < 1:
             raise ValueError(f"need tasks and a group size, got {len(tasks)} tasks and group size {group_size}")
         anchors = self._select_anchors(step, len(tasks), group_size)

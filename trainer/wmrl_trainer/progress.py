@@ -18,7 +18,7 @@ from typing import Any, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from wmrl.api.schema import GROUP, PLURAL, VERSION, PolicyHealth, Progress, TurnProgress
-from wmrl_trainer.loop import StepRecord
+from wmrl_trainer.records import StepRecord
 
 log = logging.getLogger("wmrl.trainer.progress")
 PHASES = ("generation", "world_model", "execution", "calibration", "update")

@@ -10,7 +10,7 @@ local runner and tests inject their own). The same code runs in a cluster and lo
 
 :class:`WMRLTrainer` runs it: resumes from the newest complete checkpoint under
 ``runtime.checkpointDir``, calls every ``callbacks`` entry with a
-:class:`~wmrl_trainer.loop.StepRecord` after each step, patches status, checkpoints every
+:class:`~wmrl_trainer.records.StepRecord` after each step, patches status, checkpoints every
 ``trainer.checkpoint.intervalSteps`` and on SIGTERM (then stops; ``wmrl train`` exits 143
 so the Job restarts it and it resumes).
 """

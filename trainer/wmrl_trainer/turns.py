@@ -26,8 +26,8 @@ import numpy as np
 
 from wmrl.outcome import Outcome, Status, is_top
 from wmrl.tasks import Task
-from wmrl_trainer.loop import StepRecord
 from wmrl_trainer.observation import observation_text
+from wmrl_trainer.records import StepRecord
 
 STOP_REASONS = ("top", "turns", "budget", "truncated", "ungraded")
 
