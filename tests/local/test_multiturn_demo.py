@@ -55,13 +55,13 @@ def test_revision_examples_mask_the_observation():
 def test_sample_trajectories_shows_each_turn_its_real_feedback(tmp_path, monkeypatch):
     from wmrl.api.schema import RolloutSampling
     from wmrl_demo.demo_policy import synthetic_task
-    from wmrl_trainer import train
+    from wmrl_trainer import sampling
 
     model, tokenizer = demo_policy.load_builtin("tiny-coder-multiturn", tmp_path)
     tasks = [synthetic_task(random.Random(k)) for k in range(3)]
     inputs = []
-    generate = train._generate_batch
-    monkeypatch.setattr(train, "_generate_batch", lambda m, t, batch, s: inputs.append(batch) or generate(m, t, batch, s))
+    generate = sampling._generate_batch
+    monkeypatch.setattr(sampling, "_generate_batch", lambda m, t, batch, s: inputs.append(batch) or generate(m, t, batch, s))
     graded = []
 
     def grade(items):  # every first script "crashes", every later one is the top outcome
@@ -71,8 +71,8 @@ def test_sample_trajectories_shows_each_turn_its_real_feedback(tmp_path, monkeyp
                 else Outcome(status=Status.VALID, rank_score=0.9, feedback="ok") for _ in items]
 
     rng = torch.get_rng_state()
-    trajectories = train.sample_trajectories(model, tokenizer, tasks, RolloutSampling(maxNewTokens=8), 4, max_turns=3, grade=grade,
-                                             seed=5)
+    trajectories = sampling.sample_trajectories(model, tokenizer, tasks, RolloutSampling(maxNewTokens=8), 4, max_turns=3, grade=grade,
+                                                seed=5)
     assert torch.equal(rng, torch.get_rng_state())
     assert len(trajectories) == 12 and all(len(t.turns) == 2 and t.stop == "top" for t in trajectories)
     assert len(inputs) == 2 and len(graded) == 2

@@ -17,7 +17,7 @@ from scipy import stats
 
 from wmrl.api.schema import RolloutSampling, parse_spec
 from wmrl_demo import demo_policy, script_space, solutions
-from wmrl_trainer.train import make_prompt, sample_solutions
+from wmrl_trainer.sampling import make_prompt, sample_solutions
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 SAMPLES = 4000

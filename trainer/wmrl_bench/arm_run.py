@@ -40,7 +40,7 @@ from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
 def policy_scripts(model: Any, tokenizer: Any, task: Any, sampling: Any) -> list[tuple[str, float]]:
     """Every script the policy can write for ``task`` under the run's sampling, with its probability."""
     from wmrl_demo.script_space import script_distribution
-    from wmrl_trainer.train import make_prompt
+    from wmrl_trainer.sampling import make_prompt
 
     return script_distribution(model, tokenizer, make_prompt(task, tokenizer), temperature=sampling.temperature,
                                top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens)
@@ -61,7 +61,7 @@ def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: A
 def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: Any, dispatcher: Any,
                                max_turns: int, samples: int, seed: int, max_tokens: Optional[int] = None) -> dict[str, Any]:
     """Mean best-turn real reward of ``samples`` sampled trajectories per held-out task (outcomes from the table)."""
-    from wmrl_trainer.train import sample_trajectories
+    from wmrl_trainer.sampling import sample_trajectories
     from wmrl_trainer.turns import repairs
 
     def grade(items: list[tuple[Any, str]]) -> list[Any]:

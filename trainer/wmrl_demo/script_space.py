@@ -1,6 +1,6 @@
 """The exact distribution of scripts a policy samples for one prompt (for benchmarks: no sampling noise).
 
-Held-out evaluation samples scripts (:func:`wmrl_trainer.train.sample_solutions`:
+Held-out evaluation samples scripts (:func:`wmrl_trainer.sampling.sample_solutions`:
 ``model.generate(do_sample=True, temperature, top_p, max_new_tokens)`` on the task's
 prompt, decoded with ``skip_special_tokens=True``, then ``completion_text`` and
 ``extract_code``). For a policy whose script space is small -- ``builtin:tiny-coder``'s

@@ -237,7 +237,7 @@ class HeldOutEvaluator:
         self.outcomes: dict[tuple[str, str], Any] = {}  # multi-turn: the real outcome (its feedback is shown)
 
     def sample(self, model: Any, tokenizer: Any, sampling: Any) -> list[tuple[Any, str]]:
-        from wmrl_trainer.train import sample_solutions
+        from wmrl_trainer.sampling import sample_solutions
 
         return [(task, code) for task, codes in sample_solutions(model, tokenizer, self.tasks, sampling, self.samples,
                                                                  seed=self.seed) for code in codes]
@@ -259,7 +259,7 @@ class HeldOutEvaluator:
         and the repair rate (of trajectories whose first script did not produce a valid
         submission, the share whose second did).
         """
-        from wmrl_trainer.train import sample_trajectories
+        from wmrl_trainer.sampling import sample_trajectories
         from wmrl_trainer.turns import repairs
 
         started = time.perf_counter()

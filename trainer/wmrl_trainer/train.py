@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import contextlib
 import json
 import logging
 import math
@@ -29,7 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -38,6 +37,7 @@ from wmrl.api.schema import Mode
 from wmrl.tasks import Task
 from wmrl_trainer.distributed import World
 from wmrl_trainer.health import HealthMonitor
+from wmrl_trainer.sampling import make_prompt, sample_solutions
 
 log = logging.getLogger("wmrl.trainer")
 
@@ -96,13 +96,6 @@ def step_rows(tasks: Sequence[Task], groups_per_step: int, steps: int, seed: int
     while len(rows) < groups_per_step * steps:
         rows.extend(names[i] for i in rng.permutation(len(names)))
     return rows[: groups_per_step * steps]
-
-
-def make_prompt(task: Task, tokenizer: Any) -> Any:
-    from wmrl_trainer.prompts import task_prompt
-
-    text = task_prompt(task)
-    return [{"role": "user", "content": text}] if getattr(tokenizer, "chat_template", None) else text
 
 
 def vllm_options(policy: Any, rollout_url: Optional[str] = None) -> dict[str, Any]:
@@ -228,139 +221,6 @@ class _Hook:
 
         return Hook()
 
-
-
-def sample_solutions(model: Any, tokenizer: Any, tasks: Sequence[Task], sampling: Any, samples_per_task: int,
-                     seed: Optional[int] = None) -> Iterator[tuple[Task, list[str]]]:
-    """Yield each task with ``samples_per_task`` scripts sampled from the current policy.
-
-    Sampling uses the run's settings and forks the torch RNG streams (seeded with ``seed``
-    when given), so evaluating never changes what training draws; the model's train/eval
-    mode is restored afterwards.
-    """
-    from wmrl_trainer.grpo import completion_text
-    from wmrl_trainer.loop import extract_code
-
-    with sampling_mode(model, seed):
-        for task in tasks:
-            prompt = make_prompt(task, tokenizer)
-            if isinstance(prompt, list):
-                ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
-                                                    return_dict=True)
-            else:
-                ids = tokenizer(prompt, return_tensors="pt")
-            ids = {k: v.to(model.device) for k, v in ids.items()}
-            out = model.generate(**ids, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_new_tokens=sampling.max_new_tokens, num_return_sequences=samples_per_task,
-                                 pad_token_id=tokenizer.pad_token_id)
-            texts = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-            yield task, [extract_code(completion_text(t)) for t in texts]
-
-
-@contextlib.contextmanager
-def sampling_mode(model: Any, seed: Optional[int]) -> Iterator[None]:
-    """Eval mode, no gradients and forked torch RNG streams (seeded with ``seed`` when given), so
-    sampling never changes what training draws; the model's train/eval mode is restored."""
-    import torch
-
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            if seed is not None:
-                torch.manual_seed(seed)
-            yield
-    finally:
-        model.train(was_training)
-
-def prompt_ids(task: Task, tokenizer: Any) -> list[int]:
-    """The token ids of ``task``'s prompt, as generation sees them (chat template or plain text)."""
-    prompt = make_prompt(task, tokenizer)
-    if isinstance(prompt, list):
-        return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"])
-    return list(tokenizer(prompt)["input_ids"])
-
-
-def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    eos = [tokenizer.eos_token_id] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    return {int(e) for e in eos if e is not None}
-
-
-def _generate_batch(model: Any, tokenizer: Any, inputs: list[list[int]], sampling: Any) -> list[list[int]]:
-    """One sampled continuation per input (left-padded batch, as TRL's transformers path generates),
-    up to and including its first stop token, as TRL keeps completions (the padding after it dropped;
-    a pad token that is also the EOS is kept where it ends the turn)."""
-    import torch
-
-    width = max(len(ids) for ids in inputs)
-    ids = torch.full((len(inputs), width), tokenizer.pad_token_id)
-    mask = torch.zeros((len(inputs), width), dtype=torch.long)
-    for row, seq in enumerate(inputs):
-        ids[row, width - len(seq):] = torch.tensor(seq)
-        mask[row, width - len(seq):] = 1
-    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
-                         temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens,
-                         pad_token_id=tokenizer.pad_token_id)
-    stops = _stop_ids(model, tokenizer)
-    rows = []
-    for row in out[:, width:].tolist():
-        end = next((i + 1 for i, t in enumerate(row) if t in stops), None)
-        rows.append(row[:end] if end is not None else row)
-    return rows
-
-
-def sample_trajectories(model: Any, tokenizer: Any, tasks: Sequence[Task], sampling: Any, samples_per_task: int,
-                        max_turns: int, grade: Callable[[list[tuple[Task, str]]], list[Any]],
-                        seed: Optional[int] = None, max_tokens: Optional[int] = None) -> list[Any]:
-    """Multi-turn counterpart of :func:`sample_solutions`: ``samples_per_task`` trajectories per task,
-    each turn graded by ``grade`` (real outcomes, or None when ungraded) and shown to the next.
-
-    The same stop rules as training: the top outcome, a turn cut off at ``maxNewTokens``, the
-    token budget ``max_tokens`` (default as in training), ``max_turns``. Returns
-    :class:`wmrl_trainer.turns.Trajectory` objects (graded as anchors: what they saw is
-    ``grade``'s). Same RNG and train/eval-mode hygiene as :func:`sample_solutions`.
-    """
-    from wmrl_trainer.grpo import completion_text, default_trajectory_tokens, observation_ids
-    from wmrl_trainer.loop import extract_code
-    from wmrl_trainer.turns import Trajectory
-
-    rows = [task for task in tasks for _ in range(samples_per_task)]
-    prompts = {task.name: prompt_ids(task, tokenizer) for task in tasks}
-    trajectories = [Trajectory(task, anchor=True) for task in rows]
-    history: list[list[int]] = [[] for _ in rows]
-    budget = max_tokens or default_trajectory_tokens(max_turns, sampling.max_new_tokens)
-    stops = _stop_ids(model, tokenizer)
-    with sampling_mode(model, seed):
-        for turn in range(max_turns):
-            active = [r for r, t in enumerate(trajectories) if not t.done]
-            if not active:
-                break
-            new = _generate_batch(model, tokenizer, [prompts[rows[r].name] + history[r] for r in active], sampling)
-            new = [ids[:max(0, budget - len(history[r]))] for ids, r in zip(new, active)]
-            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-            codes = [extract_code(completion_text(t)) for t in texts]
-            outcomes = grade([(rows[r], code) for r, code in zip(active, codes)])
-            for j, r in enumerate(active):
-                trajectory = trajectories[r]
-                trajectory.add_turn(codes[j], world_model=None, real=outcomes[j], anchor=True)
-                if trajectory.done:
-                    continue
-                history[r] += new[j]
-                if len(history[r]) >= budget:  # in the order the training rollout applies them
-                    trajectory.end("budget")
-                elif not new[j] or new[j][-1] not in stops:
-                    trajectory.end("truncated")
-                elif turn == max_turns - 1:
-                    trajectory.end("turns")
-                else:
-                    observation = observation_ids(tokenizer, trajectory.turns[-1].observation)
-                    if len(history[r]) + len(observation) >= budget:
-                        trajectory.end("budget")
-                    else:
-                        history[r] += observation
-    return trajectories
 
 
 class WMRLTrainer:
