@@ -9,10 +9,11 @@ import torch
 from wmrl.advantages import grpo_advantages
 from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
 from wmrl.api.schema import WMRLRunSpec
-from wmrl_trainer.grpo import completion_text, wmrl_advantages
+from wmrl_trainer.grpo import wmrl_advantages
 from wmrl_trainer.loop import Scored
 from wmrl_trainer.policy import build_tiny_model, build_tiny_tokenizer
 from wmrl_trainer.records import StepRecord
+from wmrl_trainer.sampling import completion_text
 from wmrl_trainer.train import build_trainer
 from wmrl_scripted import ScriptedExecutor, ScriptedWorldModel, make_tasks
 

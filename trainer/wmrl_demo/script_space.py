@@ -125,8 +125,8 @@ def script_distribution(model: Any, tokenizer: Any, prompt_text_or_ids: PromptLi
     """
     import torch
 
-    from wmrl_trainer.grpo import completion_text
     from wmrl_trainer.loop import extract_code
+    from wmrl_trainer.sampling import completion_text
 
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

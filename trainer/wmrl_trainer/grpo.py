@@ -71,15 +71,7 @@ from wmrl.advantages import apply_anchor_weight, grpo_advantages
 from wmrl.tasks import Task
 from wmrl_trainer.distributed import World
 from wmrl_trainer.loop import Scored, WMRLStep, extract_code
-
-
-def completion_text(completion: Any) -> str:
-    """The text of one TRL completion (a string, or a list of chat messages)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content") or "")
-    raise TypeError(f"unexpected completion type {type(completion).__name__}")
+from wmrl_trainer.sampling import completion_text, default_trajectory_tokens, observation_ids
 
 
 def wmrl_advantages(scored: Scored) -> tuple[np.ndarray, np.ndarray]:
@@ -90,53 +82,6 @@ def wmrl_advantages(scored: Scored) -> tuple[np.ndarray, np.ndarray]:
     flat = adv.reshape(-1)
     graded = ~np.isnan(flat)
     return np.where(graded, flat, 0.0), graded
-
-
-OBSERVATION_TOKENS = 512
-"""What the default trajectory budget allows per observation (its output part is cut to
-:data:`wmrl_trainer.observation.OUTPUT_CHARS` characters, a few hundred tokens)."""
-
-
-def default_trajectory_tokens(max_turns: int, max_new_tokens: int) -> int:
-    """``spec.algorithm.maxTrajectoryTokens`` when empty: every turn at full length, and its observations."""
-    return max_turns * max_new_tokens + (max_turns - 1) * OBSERVATION_TOKENS
-
-
-def observation_ids(tokenizer: Any, text: str, chat_template: Optional[str] = None,
-                    chat_template_kwargs: Optional[dict] = None) -> list[int]:
-    """The tokens of an observation: for a policy with a chat template, a user message and the
-    next assistant header, exactly as the template renders them after an assistant turn that
-    ended in EOS (what generation produced); else the plain text.
-
-    The suffix starts right after the assistant turn's EOS: found as TRL finds a tool result's
-    (the prefix conversation cut at its last EOS), or, for templates that render an earlier
-    assistant turn differently from the last one (Qwen3 drops the empty think block once a
-    user turn follows), as the EOS before the observation's own turn. A template whose turns
-    do not end in EOS must at least render the conversation so far as a prefix of the longer one.
-    """
-    template = chat_template or getattr(tokenizer, "chat_template", None)
-    if not template:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    kwargs = {"chat_template": chat_template, **(chat_template_kwargs or {})}
-    before = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "script"}]
-    after = before + [{"role": "user", "content": text}]
-    prefix = list(tokenizer.apply_chat_template(before, tokenize=True, return_dict=False, **kwargs))
-    full = list(tokenizer.apply_chat_template(after, tokenize=True, add_generation_prompt=True, return_dict=False,
-                                              **kwargs))
-    eos = tokenizer.eos_token_id
-    ends = [i for i, t in enumerate(prefix) if t == eos]
-    full_ends = [i for i, t in enumerate(full) if t == eos]
-    if ends and full[:ends[-1] + 1] == prefix[:ends[-1] + 1]:
-        return full[ends[-1] + 1:]
-    if len(full_ends) >= 3:  # user, assistant and observation turns each end in EOS
-        return full[full_ends[-2] + 1:]
-    head = tokenizer.apply_chat_template(before, tokenize=False, **kwargs)
-    whole = tokenizer.apply_chat_template(after, tokenize=False, add_generation_prompt=True, **kwargs)
-    if not ends and whole.startswith(head):
-        return list(tokenizer(whole[len(head):], add_special_tokens=False)["input_ids"])
-    raise ValueError("the policy's chat template renders an assistant turn differently once a user turn follows, "
-                     "and its turns do not end in EOS: an observation cannot be placed after a turn "
-                     "(use spec.algorithm.maxTurns: 1 with this policy)")
 
 
 class WMRLGRPOTrainer(GRPOTrainer):
