@@ -87,7 +87,7 @@ def test_stored_state_keeps_the_setting():
 @pytest.mark.parametrize("enabled", [True, False])
 def test_service_flags_of_a_local_run_carry_the_setting(enabled, monkeypatch):
     from wmrl.calibration.service import add_arguments, config_from_args
-    from wmrl_trainer.local import calibration_flags
+    from wmrl_trainer.services import calibration_flags
 
     monkeypatch.delenv("WMRL_CALIBRATION_CONFIG", raising=False)
     algorithm = AlgorithmSpec.model_validate({"debiasing": {"enabled": enabled, "bins": 12},

@@ -95,7 +95,7 @@ def test_table_key_changes_with_the_suite_and_the_start(tasks):
 
 def test_misses_run_once_on_a_real_sandbox_then_hit(tmp_path, tasks):
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
-    from wmrl_trainer.local import LocalServices
+    from wmrl_trainer.services import LocalServices
 
     iris = tasks["iris"]
     good, bad = _script("load", "logreg"), _script("load_wrong_path", "logreg")
@@ -126,7 +126,7 @@ def test_entries_come_back_in_order_from_the_executions_themselves(tmp_path, tas
     """``entries`` answers a batch with repeats and misses in order; each distinct miss runs once, and its
     entry is there as soon as the execution is (a future is done before its storing callback has run)."""
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
-    from wmrl_trainer.local import LocalServices
+    from wmrl_trainer.services import LocalServices
 
     iris, wine = tasks["iris"], tasks["wine"]
     good, bad = _script("load", "logreg"), _script("load_syntax_error", "logreg")

@@ -131,7 +131,7 @@ def _csv(text: Optional[str], cast: Callable[[str], Any]) -> Optional[list]:
 def main(args: argparse.Namespace) -> int:
     from wmrl_demo.suite import SUITE_VERSION, builtin_suite
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
-    from wmrl_trainer.local import LocalServices, quiet_libraries
+    from wmrl_trainer.services import LocalServices, quiet_libraries
 
     quiet_libraries()
     chosen = [name for name in ("quick", "multiturn", "wide") if getattr(args, name)]
