@@ -69,7 +69,7 @@ def main() -> int:
     from wmrl.api.schema import WMRLRunSpec
     from wmrl_sandbox.local import LocalServer
     from wmrl_trainer.policy import save_tiny_model
-    from wmrl_trainer.train import build_trainer
+    from wmrl_trainer.build import build_trainer
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="wmrl-gpu-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -497,7 +497,7 @@ def test_server_mode_without_a_url_gets_a_rollout_server_the_trainer_points_at()
 
 def test_the_trainer_uses_the_deployed_rollout_server_unless_the_spec_names_one():
     from wmrl.api.schema import PolicySpec
-    from wmrl_trainer.train import vllm_options
+    from wmrl_trainer.build import vllm_options
 
     server = PolicySpec.model_validate({"model": "m", "vllmMode": "server"})
     assert vllm_options(server, "http://r-rollout.ns.svc:8000")["vllm_server_base_url"] == "http://r-rollout.ns.svc:8000"

@@ -9,12 +9,12 @@ import torch
 from wmrl.advantages import grpo_advantages
 from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
 from wmrl.api.schema import WMRLRunSpec
+from wmrl_trainer.build import build_trainer
 from wmrl_trainer.grpo import wmrl_advantages
 from wmrl_trainer.loop import Scored
 from wmrl_trainer.policy import build_tiny_model, build_tiny_tokenizer
 from wmrl_trainer.records import StepRecord
 from wmrl_trainer.sampling import completion_text
-from wmrl_trainer.train import build_trainer
 from wmrl_scripted import ScriptedExecutor, ScriptedWorldModel, make_tasks
 
 pytestmark = pytest.mark.slow
@@ -173,7 +173,7 @@ def test_mask_truncated_completions_leaves_scripts_without_eos_out_of_the_loss(t
 def test_spec_settings_reach_the_step_and_trls_vllm_config(tmp_path):
     """anchors.waitSeconds and the vLLM knobs are spec fields (no environment variables)."""
     from wmrl.api.schema import PolicySpec
-    from wmrl_trainer.train import vllm_options
+    from wmrl_trainer.build import vllm_options
 
     config = run_config(tmp_path, "wmrl", steps=1, anchors={"fraction": 0.5, "waitSeconds": 0.25})
     trainer = build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=ScriptedWorldModel(),

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from test_grpo import run_config, tiny_policy, train_capturing_batches
+from wmrl_trainer.build import build_trainer
 from wmrl_trainer.sampling import observation_ids
-from wmrl_trainer.train import build_trainer
 from wmrl_scripted import ScriptedExecutor, ScriptedWorldModel, make_tasks
 
 pytestmark = pytest.mark.slow

@@ -55,7 +55,7 @@ def test_a_policy_that_never_finishes_is_reported_by_the_trainer(tmp_path, caplo
     """A real TRL run whose completions are cut at 2 tokens (the tiny BPE model rarely stops): warned, in the log."""
     from test_grpo import run_config, tiny_policy
     from wmrl_scripted import ScriptedWorldModel, make_tasks
-    from wmrl_trainer.train import build_trainer
+    from wmrl_trainer.build import build_trainer
 
     records = []
     config = run_config(tmp_path, "worldModel", steps=3, sampling={"maxNewTokens": 2})

@@ -20,7 +20,7 @@ from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
 from wmrl.api.schema import WMRLRunSpec
 from wmrl_demo import demo_policy, solutions
 from wmrl_demo.tiny_coder_model import BLOCKED, NEXT_ROLES, ROLES, TinyCoderForCausalLM, grammar_matrix
-from wmrl_trainer.train import build_trainer
+from wmrl_trainer.build import build_trainer
 from wmrl_scripted import ScriptedWorldModel, make_tasks
 
 SCRIPT = re.compile(r"load (preprocess )?solve( eos| pad)*")

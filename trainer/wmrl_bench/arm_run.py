@@ -86,7 +86,7 @@ def run_job(job: Job) -> dict[str, Any]:
     from wmrl_demo.demo_policy import load_builtin
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
     from wmrl_trainer.services import local_runtime, quiet_libraries
-    from wmrl_trainer.train import build_trainer, load_training_tasks
+    from wmrl_trainer.build import build_trainer, load_training_tasks
 
     run_dir = Path(job.work_dir) / job.name()
     done = _finished(run_dir, job)

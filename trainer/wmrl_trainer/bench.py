@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from wmrl_sandbox.local import LocalServer
-    from wmrl_trainer.train import build_trainer
+    from wmrl_trainer.build import build_trainer
 
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))

@@ -6,7 +6,7 @@ What a cluster would provide is started here as local processes (:mod:`wmrl_trai
 * a calibration service on a state file (``wmrl calibration serve --state-file``) when the
   mode is ``wmrl``,
 
-and the trainer runs in this process (:func:`wmrl_trainer.train.build_trainer`) against
+and the trainer runs in this process (:func:`wmrl_trainer.build.build_trainer`) against
 them, with the world-model backend the manifest names (``learned`` and ``transformers``
 run in-process; ``llm`` needs ``spec.worldModel.endpoint``).
 
@@ -256,7 +256,7 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
     from wmrl_trainer.checkpoint import latest_checkpoint
     from wmrl_trainer.policy import load_policy
-    from wmrl_trainer.train import build_trainer, load_training_tasks
+    from wmrl_trainer.build import build_trainer, load_training_tasks
 
     spec = config.spec
     if spec.policy.model.startswith("builtin:") and not torch.cuda.is_available():

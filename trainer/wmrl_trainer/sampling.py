@@ -11,7 +11,7 @@ write the same way.
 multi-turn trajectories, each turn graded and its observation shown to the next, with the
 stop rules of training. Both run in eval mode with no gradients and fork torch's RNG
 streams, so evaluating never changes what training draws. Used by
-:meth:`wmrl_trainer.train.WMRLTrainer.evaluate`, the local runner's held-out evaluation
+:meth:`wmrl_trainer.trainer.WMRLTrainer.evaluate`, the local runner's held-out evaluation
 and the benchmarks.
 """
 

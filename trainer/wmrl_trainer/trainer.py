@@ -1,0 +1,252 @@
+"""One run of training: :class:`WMRLTrainer`, which :func:`wmrl_trainer.build.build_trainer` returns.
+
+:class:`WMRLTrainer` resumes from the newest complete checkpoint under
+``runtime.checkpointDir``, calls every ``callbacks`` entry with a
+:class:`~wmrl_trainer.records.StepRecord` after each step, patches status, checkpoints every
+``trainer.checkpoint.intervalSteps`` and on SIGTERM (then stops; ``wmrl train`` exits 143
+so the Job restarts it and it resumes). :meth:`WMRLTrainer.evaluate` measures the real
+reward of sampled solutions without changing what training draws.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from wmrl.api.runconfig import RunConfig
+from wmrl.tasks import Task
+from wmrl_trainer.distributed import World
+from wmrl_trainer.health import HealthMonitor
+from wmrl_trainer.sampling import sample_solutions
+
+log = logging.getLogger("wmrl.trainer")
+
+StepCallback = Callable[[Any], None]
+
+
+def _calibration_state(calibration: Any) -> Optional[dict[str, Any]]:
+    """What to checkpoint of an in-process calibration (a shared service keeps its own state): None for a client."""
+    if hasattr(calibration, "state_dict"):
+        return calibration.state_dict()
+    state = getattr(calibration, "state", None)
+    if state is None or not hasattr(state, "to_json"):
+        return None
+    # LocalCalibration numbers its batches 1, 2, ...; the state remembers recent ids to drop retries, so the
+    # counter must survive a restart or the first batches after it would be taken for retries.
+    return {"state": state.to_json(), "batches": int(getattr(calibration, "_batches", 0))}
+
+
+def _load_calibration_state(calibration: Any, data: dict[str, Any]) -> None:
+    from wmrl.calibration.state import CalibrationState
+
+    if hasattr(calibration, "load_state_dict"):
+        calibration.load_state_dict(data)
+    elif getattr(calibration, "state", None) is not None:
+        calibration.state = CalibrationState.from_json(data["state"])
+        calibration._batches = int(data["batches"])
+
+
+# ---------------------------------------------------------------- the trainer
+
+class _Hook:
+    """transformers TrainerCallback that turns each optimizer step into a StepRecord (built lazily: torch import)."""
+
+    def __new__(cls, owner: "WMRLTrainer") -> Any:
+        from transformers import TrainerCallback
+
+        class Hook(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                owner._step_started = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                owner._on_step_end(control)
+
+        return Hook()
+
+
+class WMRLTrainer:
+    """One run: ``train()``, ``evaluate()``, ``save_checkpoint()``; see the module docstring."""
+
+    def __init__(self, config: RunConfig, grpo: Any, step: Any, *, tasks: list[Task], held_out: list[Task],
+                 reporter: Any, callbacks: Iterable[StepCallback] = (), owned: Iterable[Any] = (),
+                 world: World = World()):
+        """``step`` is None on ranks other than 0 (only rank 0 grades; :mod:`wmrl_trainer.distributed`)."""
+        self.config = config
+        self.world = world
+        self.grpo = grpo
+        self.step = step
+        self.tasks = tasks
+        self.held_out = held_out
+        self.reporter = reporter
+        self.callbacks = list(callbacks)
+        self.records: list[Any] = []
+        self.stop_requested = threading.Event()
+        self.checkpoint_root = Path(config.runtime.checkpoint_dir)
+        self.interval = config.spec.trainer.checkpoint.interval_steps
+        self.resumed_from: Optional[int] = None
+        self._owned = list(owned)
+        self._step_started = time.perf_counter()
+        self.health = HealthMonitor(config.spec.algorithm.group_size)
+        grpo.add_callback(_Hook(self))
+
+    # ------------------------------------------------------------ training
+    def train(self) -> dict[str, Any]:
+        from wmrl_trainer.checkpoint import latest_checkpoint
+
+        latest = self.world.broadcast(latest_checkpoint(self.checkpoint_root))  # rank 0's view of the shared volume
+        if latest is not None:
+            self.world.share(lambda: self._load_wmrl_state(latest))  # rank 0's step state
+            self.resumed_from = int(json.loads((latest / "COMPLETE").read_text())["step"])
+            log.info("resuming from %s (step %d)", latest, self.resumed_from)
+        self.grpo.train(resume_from_checkpoint=str(latest) if latest is not None else None)
+        return self.summary()
+
+    def _on_step_end(self, control: Any) -> None:
+        scored = self.grpo.last_scored
+        state = self.grpo.state
+        now = time.perf_counter()
+        if scored is not None:  # progress comes from rank 0 only; its failure stops every rank
+            self.world.share(lambda: self._report(scored.record, now))
+        stopping = self.world.any(self.stop_requested.is_set())  # every rank stops at the same step
+        if stopping or state.global_step % self.interval == 0 or state.global_step >= state.max_steps:
+            self.save_checkpoint()
+        if stopping:
+            control.should_training_stop = True
+        self._step_started = time.perf_counter()
+
+    def _report(self, record: Any, now: float) -> None:
+        """Finish the step's record and hand it to the reporter, the log and the callbacks (rank 0)."""
+        record.total = now - self._step_started
+        record.update = max(0.0, record.total - record.generation - record.world_model - record.execution
+                            - record.calibration)
+        record.entropy = self.grpo.step_metric("entropy")
+        record.truncated_share = self.grpo.step_metric("completions/clipped_ratio")
+        record.mean_completion_tokens = self.grpo.step_metric("completions/mean_length")
+        change = self.health.check(record)
+        if change is not None:
+            log.warning("%s", change)
+        self.records.append(record)
+        self.reporter.report(record)
+        print(json.dumps({"event": "step", **record.to_json()}, default=float), flush=True)
+        for callback in self.callbacks:
+            callback(record)
+
+    def request_stop(self, *_: Any) -> None:
+        """Checkpoint after the current step and stop (the SIGTERM handler)."""
+        self.stop_requested.set()
+
+    @property
+    def finished(self) -> bool:
+        return self.grpo.state.global_step >= self.config.spec.algorithm.steps
+
+    # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path:
+        from wmrl_trainer.checkpoint import save_trainer_state, write_checkpoint
+
+        def write(directory: Path) -> None:
+            save_trainer_state(self.grpo, directory, main=self.world.is_main)
+            if self.world.is_main:
+                self._save_wmrl_state(directory)
+
+        path = write_checkpoint(self.checkpoint_root, self.grpo.state.global_step, write, world=self.world)
+        log.info("checkpoint %s", path)
+        return path
+
+    def _save_wmrl_state(self, directory: Path) -> None:
+        import torch
+
+        from wmrl_trainer.checkpoint import WMRL_STATE, WORLD_MODEL_STATE, save_json
+
+        step = self.step
+        data: dict[str, Any] = {"step": self.grpo.state.global_step, "totals": self.reporter.totals.state_dict(),
+                                "health": self.health.state_dict()}
+        if step.selector is not None:
+            data["selector"] = step.selector.state_dict()
+        calibration = _calibration_state(step.calibration)
+        if calibration is not None:
+            data["calibration"] = calibration
+        save_json(directory / WMRL_STATE, data)
+        if hasattr(step.world_model, "state_dict"):
+            torch.save(step.world_model.state_dict(), directory / WORLD_MODEL_STATE)
+
+    def _load_wmrl_state(self, directory: Path) -> None:
+        import torch
+
+        from wmrl_trainer.checkpoint import WMRL_STATE, WORLD_MODEL_STATE, load_json
+
+        data, step = load_json(directory / WMRL_STATE), self.step
+        if "selector" in data and step.selector is not None:
+            step.selector.load_state_dict(data["selector"])
+        if "calibration" in data:
+            _load_calibration_state(step.calibration, data["calibration"])
+        self.reporter.totals.load_state_dict(data.get("totals", {}))
+        self.health.load_state_dict(data.get("health", {}))
+        wm_path = directory / WORLD_MODEL_STATE
+        if wm_path.is_file() and hasattr(step.world_model, "load_state_dict"):
+            step.world_model.load_state_dict(torch.load(wm_path, weights_only=False))
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(self, tasks: Sequence[Task], samples_per_task: int) -> float:
+        """Mean REAL reward of ``samples_per_task`` sampled solutions per task (NaN if none could be executed).
+
+        Generation uses the current policy with the run's sampling settings and leaves the
+        training RNG streams untouched, so evaluating does not change what training does.
+        """
+        if self.step is None:
+            raise RuntimeError("evaluate runs on rank 0, which holds the sandbox dispatcher")
+        dispatcher = self.step.dispatcher
+        if dispatcher is None:
+            raise ValueError("evaluate needs a sandbox dispatcher (runtime.sandboxUrls or sandboxService)")
+        model = self.grpo.accelerator.unwrap_model(self.grpo.model)
+        futures: list[cf.Future] = []
+        # Execution of one task's samples overlaps with generation for the next task.
+        for task, codes in sample_solutions(model, self.grpo.processing_class, tasks,
+                                            self.config.spec.policy.sampling, samples_per_task):
+            futures += [dispatcher.run_task(task, code) for code in codes]
+        done, _ = cf.wait(futures, timeout=self.step.execution_timeout)
+        rewards = []
+        for future in futures:
+            if future in done and future.exception() is None and future.result() is not None:
+                rewards.append(future.result().reward)
+            else:
+                future.cancel()
+        return float(np.mean(rewards)) if rewards else float("nan")
+
+    # ------------------------------------------------------------ summary
+    def summary(self) -> dict[str, Any]:
+        records = self.records
+        phases = ("generation", "world_model", "execution", "calibration", "update", "total")
+        mean = {p: float(np.mean([getattr(r, p) for r in records])) if records else None for p in phases}
+        last = self.reporter.last.to_wire() if self.reporter.last is not None else None
+        total = sum(r.total for r in records)
+        return {
+            "run": self.config.metadata.name,
+            "mode": self.config.spec.mode.value,
+            "steps": self.grpo.state.global_step,
+            "processes": self.world.size,
+            "strategy": "fsdp" if getattr(self.grpo, "is_fsdp_enabled", False) else "ddp" if self.world.size > 1 else "one process",
+            "device": str(self.grpo.accelerator.device),
+            "stepsThisProcess": len(records),
+            "resumedFrom": self.resumed_from,
+            "finished": self.finished,
+            "meanSeconds": mean,
+            "executionWaitFraction": (sum(r.execution for r in records) / total) if total > 0 else None,
+            "progress": last,
+        }
+
+    def close(self) -> None:
+        if self.step is not None:
+            self.step.close()
+        self.reporter.close()
+        for thing in self._owned:
+            try:
+                thing.close()
+            except Exception as exc:  # closing is best effort: report, don't mask the run's result
+                log.warning("closing %r failed: %s", thing, exc)
