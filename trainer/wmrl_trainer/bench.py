@@ -34,6 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
+from wmrl.api.schema import WMRLRunSpec
+from wmrl_sandbox.local import LocalServer
+from wmrl_trainer.build import build_trainer
+
 PHASES = ("generation", "world_model", "execution", "calibration", "update", "total")
 MODES = ("real", "worldModel", "wmrl", "wmrlAsync")
 ASYNC = "wmrlAsync"  # mode wmrl with anchors.waitSeconds 0: anchors off the critical path (see wmrl_trainer.loop)
@@ -54,9 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_config(args: argparse.Namespace, mode: str, sandbox_url: str, workdir: Path, max_turns: int = 1) -> Any:
-    from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
-    from wmrl.api.schema import WMRLRunSpec
-
     policy = args.policy
     if max_turns > 1 and policy == "builtin:tiny-coder":
         policy = "builtin:tiny-coder-multiturn"
@@ -106,9 +108,6 @@ def summarise(records: list[Any]) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     import torch
-
-    from wmrl_sandbox.local import LocalServer
-    from wmrl_trainer.build import build_trainer
 
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))

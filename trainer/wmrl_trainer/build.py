@@ -21,12 +21,21 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
+from wmrl.anchors import AnchorSelector
 from wmrl.api.runconfig import RunConfig
 from wmrl.api.schema import Mode
+from wmrl.calibration.client import CalibrationClient, LocalCalibration
+from wmrl.calibration.state import CalibrationConfig
 from wmrl.tasks import Task
+from wmrl_sandbox.dispatcher import EndpointSliceEndpoints, SandboxDispatcher, StaticEndpoints
 from wmrl_trainer.distributed import World
+from wmrl_trainer.loop import WMRLStep
+from wmrl_trainer.policy import load_policy
+from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics
 from wmrl_trainer.sampling import make_prompt
+from wmrl_trainer.tasks import load_tasks, split_held_out
 from wmrl_trainer.trainer import StepCallback, WMRLTrainer
+from wmrl_trainer.world_model import build_world_model
 
 log = logging.getLogger("wmrl.trainer")
 
@@ -34,8 +43,6 @@ log = logging.getLogger("wmrl.trainer")
 # ---------------------------------------------------------------- pieces from the config
 
 def build_dispatcher(config: RunConfig) -> Any:
-    from wmrl_sandbox.dispatcher import EndpointSliceEndpoints, SandboxDispatcher, StaticEndpoints
-
     runtime, sandbox = config.runtime, config.spec.sandbox
     if runtime.sandbox_urls:
         endpoints = StaticEndpoints(list(runtime.sandbox_urls))
@@ -47,9 +54,6 @@ def build_dispatcher(config: RunConfig) -> Any:
 
 
 def build_calibration(config: RunConfig) -> Any:
-    from wmrl.calibration.client import CalibrationClient, LocalCalibration
-    from wmrl.calibration.state import CalibrationConfig
-
     trainer_id = f"{config.metadata.namespace}.{config.metadata.name}"
     if config.runtime.calibration_url:
         return CalibrationClient(config.runtime.calibration_url, trainer_id)
@@ -57,16 +61,12 @@ def build_calibration(config: RunConfig) -> Any:
 
 
 def build_world_model_from_config(config: RunConfig) -> Any:
-    from wmrl_trainer.world_model import build_world_model
-
     # An empty spec.worldModel.model means the policy's base model, as in the paper.
     return build_world_model(config.spec.world_model, config.runtime, policy_model=config.spec.policy.model,
                              seed=config.spec.algorithm.seed)
 
 
 def load_training_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
-    from wmrl_trainer.tasks import load_tasks, split_held_out
-
     return split_held_out(load_tasks(config.spec.tasks, config.runtime), config.spec.tasks.held_out)
 
 
@@ -189,14 +189,11 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     then ``held_out``, default none); ``rollouts_dir`` logs every rank's rows of every step
     there. What this function builds itself it also closes.
     """
+    # torch, datasets and TRL (grpo) load when a trainer is built, so importing this module stays light.
     import torch
     from datasets import Dataset
 
-    from wmrl.anchors import AnchorSelector
     from wmrl_trainer.grpo import WMRLGRPOTrainer
-    from wmrl_trainer.loop import WMRLStep
-    from wmrl_trainer.policy import load_policy
-    from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics
 
     spec, alg, mode = config.spec, config.spec.algorithm, config.spec.mode
     world = World.from_env()

@@ -26,6 +26,8 @@ import shlex
 import sys
 from typing import Optional
 
+from wmrl.api.runconfig import load_run_config
+
 DEFAULT_MASTER_PORT = 29500
 
 
@@ -78,8 +80,6 @@ def command(args: argparse.Namespace, gpus_per_node: int, nodes: int,
 
 def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
-
-    from wmrl.api.runconfig import load_run_config
 
     try:
         trainer = load_run_config(args.config).spec.trainer

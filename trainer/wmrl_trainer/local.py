@@ -47,8 +47,14 @@ import yaml
 
 from wmrl.api.runconfig import RunConfig, from_manifest
 from wmrl.api.schema import Mode, field_errors
+from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
+from wmrl_trainer.build import build_trainer, load_training_tasks
+from wmrl_trainer.checkpoint import latest_checkpoint
+from wmrl_trainer.policy import load_policy
+from wmrl_trainer.sampling import sample_solutions, sample_trajectories
 from wmrl_trainer.services import (LocalServices, ServiceStartError, local_runtime, quiet_libraries,
                                    write_json_atomic)
+from wmrl_trainer.turns import repairs
 
 log = logging.getLogger("wmrl.local")
 
@@ -71,8 +77,6 @@ class HeldOutEvaluator:
         self.outcomes: dict[tuple[str, str], Any] = {}  # multi-turn: the real outcome (its feedback is shown)
 
     def sample(self, model: Any, tokenizer: Any, sampling: Any) -> list[tuple[Any, str]]:
-        from wmrl_trainer.sampling import sample_solutions
-
         return [(task, code) for task, codes in sample_solutions(model, tokenizer, self.tasks, sampling, self.samples,
                                                                  seed=self.seed) for code in codes]
 
@@ -93,9 +97,6 @@ class HeldOutEvaluator:
         and the repair rate (of trajectories whose first script did not produce a valid
         submission, the share whose second did).
         """
-        from wmrl_trainer.sampling import sample_trajectories
-        from wmrl_trainer.turns import repairs
-
         started = time.perf_counter()
         executed_before = len(self.outcomes)
         trajectories = sample_trajectories(model, tokenizer, self.tasks, sampling, self.samples, self.max_turns,
@@ -251,12 +252,7 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
     ``config.runtime`` must already name the checkpoint dir and the calibration URL (if any).
     ``stop_flag(trainer)`` is called once the trainer exists (the CLI hooks Ctrl-C there).
     """
-    import torch
-
-    from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
-    from wmrl_trainer.checkpoint import latest_checkpoint
-    from wmrl_trainer.policy import load_policy
-    from wmrl_trainer.build import build_trainer, load_training_tasks
+    import torch  # here, not on import: `wmrl run --help` and bad manifests answer without loading torch
 
     spec = config.spec
     if spec.policy.model.startswith("builtin:") and not torch.cuda.is_available():

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
+from wmrl_demo.demo_policy import load_builtin
 
 EOS = "<|endoftext|>"
 # A chat template so that chat-completions servers (vLLM's OpenAI server) accept the tiny model.
@@ -41,8 +41,6 @@ def load_policy(model: str, cache_dir: str | None = None, dtype: Any = None) -> 
     if not model:
         raise ValueError("spec.policy.model: must not be empty")
     if model.startswith("builtin:"):
-        from wmrl_demo.demo_policy import load_builtin
-
         return load_builtin(model[len("builtin:"):], cache_dir)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -78,6 +76,7 @@ def build_tiny_tokenizer(vocab_size: int = 384) -> Any:
 
 def build_tiny_model(tokenizer: Any, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4) -> Any:
     """A randomly initialised Qwen2-architecture causal LM sized for CPU tests (deterministic in ``seed``)."""
+    import torch  # torch and transformers load here, not on import: build and local import load_policy
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(

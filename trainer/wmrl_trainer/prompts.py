@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from wmrl.outcome import QualityBucket, Status
 from wmrl.tasks import Task
+from wmrl_trainer.observation import REVISE_REQUEST
 
 SANDBOX_LIMITS = "Python 3 with numpy and scikit-learn only (no pandas, no internet), one CPU core, a few minutes"
 
@@ -117,8 +118,6 @@ def _numbered(code: str) -> str:
 
 def _seen(observation: str) -> str:
     """An earlier observation as the world model reads it: without its request for the next turn."""
-    from wmrl_trainer.observation import REVISE_REQUEST
-
     return observation.replace(REVISE_REQUEST, "").strip()
 
 

@@ -21,7 +21,10 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from wmrl.api.runconfig import RunConfig
+from wmrl.calibration.state import CalibrationState
 from wmrl.tasks import Task
+from wmrl_trainer.checkpoint import (WMRL_STATE, WORLD_MODEL_STATE, latest_checkpoint, load_json, save_json,
+                                     save_trainer_state, write_checkpoint)
 from wmrl_trainer.distributed import World
 from wmrl_trainer.health import HealthMonitor
 from wmrl_trainer.sampling import sample_solutions
@@ -44,8 +47,6 @@ def _calibration_state(calibration: Any) -> Optional[dict[str, Any]]:
 
 
 def _load_calibration_state(calibration: Any, data: dict[str, Any]) -> None:
-    from wmrl.calibration.state import CalibrationState
-
     if hasattr(calibration, "load_state_dict"):
         calibration.load_state_dict(data)
     elif getattr(calibration, "state", None) is not None:
@@ -98,8 +99,6 @@ class WMRLTrainer:
 
     # ------------------------------------------------------------ training
     def train(self) -> dict[str, Any]:
-        from wmrl_trainer.checkpoint import latest_checkpoint
-
         latest = self.world.broadcast(latest_checkpoint(self.checkpoint_root))  # rank 0's view of the shared volume
         if latest is not None:
             self.world.share(lambda: self._load_wmrl_state(latest))  # rank 0's step state
@@ -148,8 +147,6 @@ class WMRLTrainer:
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
-        from wmrl_trainer.checkpoint import save_trainer_state, write_checkpoint
-
         def write(directory: Path) -> None:
             save_trainer_state(self.grpo, directory, main=self.world.is_main)
             if self.world.is_main:
@@ -160,9 +157,7 @@ class WMRLTrainer:
         return path
 
     def _save_wmrl_state(self, directory: Path) -> None:
-        import torch
-
-        from wmrl_trainer.checkpoint import WMRL_STATE, WORLD_MODEL_STATE, save_json
+        import torch  # loaded by the training run already; importing this module must not load it
 
         step = self.step
         data: dict[str, Any] = {"step": self.grpo.state.global_step, "totals": self.reporter.totals.state_dict(),
@@ -178,8 +173,6 @@ class WMRLTrainer:
 
     def _load_wmrl_state(self, directory: Path) -> None:
         import torch
-
-        from wmrl_trainer.checkpoint import WMRL_STATE, WORLD_MODEL_STATE, load_json
 
         data, step = load_json(directory / WMRL_STATE), self.step
         if "selector" in data and step.selector is not None:

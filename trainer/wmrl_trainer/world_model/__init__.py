@@ -9,7 +9,7 @@ one ignores it.
 * ``transformers``: the same prompt and parsing, generated in-process (CPU);
 * ``learned``: a biased static judge, frozen or (``learnOnline``) corrected online from anchor outcomes.
 
-Backends are imported lazily, so the llm backend never imports torch.
+No backend loads torch on import: the transformers backend loads its model when it is built.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from wmrl_trainer.world_model.base import GatedWorldModel, Item, WorldModel, compile_gate, item_history, item_parts
+from wmrl_trainer.world_model.learned import LearnedWorldModel
+from wmrl_trainer.world_model.llm import LLMWorldModel
+from wmrl_trainer.world_model.transformers_backend import TransformersWorldModel
 
 __all__ = ["WorldModel", "GatedWorldModel", "Item", "compile_gate", "item_history", "item_parts", "build_world_model"]
 
@@ -29,16 +32,10 @@ def build_world_model(spec: Any, runtime: Any = None, policy_model: Optional[str
     model); ``kwargs`` go to the backend's constructor.
     """
     if spec.backend == "llm":
-        from wmrl_trainer.world_model.llm import LLMWorldModel
-
         return LLMWorldModel.from_spec(spec, runtime, policy_model, **kwargs)
     if spec.backend == "transformers":
-        from wmrl_trainer.world_model.transformers_backend import TransformersWorldModel
-
         return TransformersWorldModel.from_spec(spec, runtime, policy_model, seed=seed, **kwargs)
     if spec.backend == "learned":
-        from wmrl_trainer.world_model.learned import LearnedWorldModel
-
         kwargs.setdefault("learn_online", spec.learn_online)
         kwargs.setdefault("optimism", spec.optimism)
         return LearnedWorldModel(seed=seed, **kwargs)

@@ -17,6 +17,7 @@ import threading
 from typing import Any, Callable, Optional, Sequence
 
 from wmrl.outcome import Outcome
+from wmrl_trainer.policy import load_policy
 from wmrl_trainer.prompts import world_model_messages, world_model_prompt
 from wmrl_trainer.world_model.base import GatedWorldModel, Item, item_parts
 from wmrl_trainer.world_model.parse import outcome_from_text
@@ -46,8 +47,6 @@ class TransformersWorldModel(GatedWorldModel):
 
     @classmethod
     def from_spec(cls, spec: Any, runtime: Any = None, policy_model: Optional[str] = None, **kwargs: Any) -> "TransformersWorldModel":
-        from wmrl_trainer.policy import load_policy
-
         name = spec.model or policy_model
         if not name:
             raise ValueError("spec.worldModel.model: the transformers backend needs a model (or the policy's)")
