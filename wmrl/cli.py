@@ -19,6 +19,8 @@ import select
 import sys
 from typing import NamedTuple
 
+from wmrl import __version__
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -113,8 +115,6 @@ def _dispatch(argv: list[str] | None) -> int:
         print(_usage())
         return EXIT_OK
     if argv[0] == "--version":
-        from wmrl import __version__
-
         print(__version__)
         return EXIT_OK
     command = _find(argv)

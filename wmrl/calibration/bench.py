@@ -27,6 +27,7 @@ from typing import Any, Optional
 import numpy as np
 
 from wmrl.calibration.state import CalibrationState
+from wmrl.calibration.store import ConfigMapStore
 from wmrl.debias import OnlineDebiaser, apply_map, bin_statistics, fit_bucketed_isotonic
 
 
@@ -195,8 +196,6 @@ def bench_service(args: argparse.Namespace, replicas: int) -> dict[str, Any]:
         for proc, _ in procs:
             proc.wait(30)
         if kubeconfig:
-            from wmrl.calibration.store import ConfigMapStore
-
             ConfigMapStore(args.namespace, name, kubeconfig=kubeconfig)._request(
                 "DELETE", f"/api/v1/namespaces/{args.namespace}/configmaps/{name}")
         tmp.cleanup()
