@@ -50,7 +50,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from wmrl.cache import cache_root
-from wmrl_demo import solutions, wide_space
+from wmrl.outcome import QualityBucket, Status
+from wmrl.tasks import Task
+from wmrl_demo import revisions, solutions, wide_space
+from wmrl_demo.revisions import REVISE_SHARE, revise, simulated_outcome
+from wmrl_demo.suite import describe
+from wmrl_trainer import observation as observation_module
+from wmrl_trainer.observation import ERROR_TYPES, LINE_KINDS, observation_text
+from wmrl_trainer.prompts import task_prompt
 
 RECIPE_VERSION = "4"
 BOS, EOS, PAD, UNK = "<bos>", "<eos>", "<pad>", "<unk>"
@@ -94,9 +101,6 @@ OUTPUT_BLOCK = r"<output>[\s\S]*?</output>"
 
 def feedback_tokens() -> list[str]:
     """The observation header's ``key=value`` words (:func:`wmrl_trainer.observation.header`), one token each."""
-    from wmrl.outcome import QualityBucket, Status
-    from wmrl_trainer.observation import ERROR_TYPES, LINE_KINDS
-
     return ([f"status={s.value}" for s in Status] + [f"error={e}" for e in (*ERROR_TYPES, "other", "none")]
             + [f"where={k}" for k in (*LINE_KINDS, "none")] + [f"quality={b.value}" for b in (*QualityBucket,)]
             + ["quality=none"])
@@ -176,7 +180,7 @@ def build_model(tokenizer: Any, seed: int = 0, space: Space | None = None) -> An
     space = space or space_of()
     import torch
 
-    from wmrl_demo.tiny_coder_model import TinyCoderConfig, TinyCoderForCausalLM
+    from wmrl_demo.tiny_coder_model import TinyCoderConfig, TinyCoderForCausalLM  # torch: loaded with the policy
 
     h = MODEL_SIZES["hidden"]
     config = TinyCoderConfig(
@@ -210,9 +214,6 @@ def synthetic_task(rng: random.Random) -> Any:
     towards the task's kind of estimator (:data:`wmrl_demo.solutions.KIND_MATCH`): RL has to learn the
     rest. No real task (held out or not) is used.
     """
-    from wmrl.tasks import Task
-    from wmrl_demo.suite import describe
-
     kind = rng.choice(sorted(_KINDS))
     metric = rng.choice(_KINDS[kind])
     source = " ".join(["a"] + rng.sample(_EXTRA_WORDS, rng.randint(0, 3)) + ["dataset"])
@@ -230,8 +231,6 @@ def sft_examples(tokenizer: Any, n: int, seed: int, space: Space | None = None) 
     No EOS: every script ends in a solve (end) chunk, which is a stop token itself.
     """
     space = space or space_of()
-    from wmrl_trainer.prompts import task_prompt
-
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -245,10 +244,6 @@ def revision_examples(tokenizer: Any, n: int, seed: int) -> list[tuple[list[int]
     """(prompt ids, completion ids, loss mask) of the multi-turn warm start: a share
     :data:`~wmrl_demo.revisions.REVISE_SHARE` are ``script 1, observation, script 2`` (the
     observation masked out of the loss, as in RL), the rest single scripts."""
-    from wmrl_demo.revisions import REVISE_SHARE, revise, simulated_outcome
-    from wmrl_trainer.observation import observation_text
-    from wmrl_trainer.prompts import task_prompt
-
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -328,16 +323,13 @@ def recipe_hash(name: str = "tiny-coder") -> str:
     import torch
     import transformers
 
-    from wmrl_demo import tiny_coder_model
+    from wmrl_demo import tiny_coder_model  # torch: loaded with the policy
     from wmrl_demo.tiny_coder_model import NEXT_ROLES
 
     files = [Path(tiny_coder_model.__file__), Path(__file__)]
     multiturn = {}
     if name == "tiny-coder-multiturn":
-        from wmrl_demo import revisions
-        from wmrl_trainer import observation
-
-        files += [Path(revisions.__file__), Path(observation.__file__)]
+        files += [Path(revisions.__file__), Path(observation_module.__file__)]
         multiturn = {"name": name, "repair": revisions.REPAIR_PROBABILITY, "revise": revisions.REVISE_SHARE}
     wide = {}
     if name == "tiny-coder-wide":
@@ -427,7 +419,7 @@ def load_builtin(name: str, cache_dir: str | Path | None = None, warm_start_seed
     """
     from transformers import PreTrainedTokenizerFast
 
-    from wmrl_demo.tiny_coder_model import TinyCoderForCausalLM
+    from wmrl_demo.tiny_coder_model import TinyCoderForCausalLM  # torch: loaded with the policy
 
     path = builtin_path(name, cache_dir, warm_start_seed)
     # Not AutoTokenizer: for a directory whose config.json says qwen2, transformers 5 builds a

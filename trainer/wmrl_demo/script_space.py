@@ -30,6 +30,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
+from wmrl_trainer.loop import extract_code
+from wmrl_trainer.sampling import completion_text
+
 Distribution = list[tuple[str, float]]
 
 PromptLike = Union[str, Sequence[int], Sequence[dict], Any]
@@ -124,9 +127,6 @@ def script_distribution(model: Any, tokenizer: Any, prompt_text_or_ids: PromptLi
     ``ValueError`` if the tree of completions grows past ``max_sequences`` nodes at a depth.
     """
     import torch
-
-    from wmrl_trainer.loop import extract_code
-    from wmrl_trainer.sampling import completion_text
 
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
