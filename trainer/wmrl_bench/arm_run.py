@@ -35,13 +35,17 @@ import numpy as np
 from wmrl_bench.cost import step_cost
 from wmrl_bench.design import EVAL_TRAJECTORIES, WIDE_POLICY, Job, arm_config
 from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
+from wmrl_demo.demo_policy import load_builtin
+from wmrl_demo.script_space import script_distribution
+from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
+from wmrl_trainer.build import build_trainer, load_training_tasks
+from wmrl_trainer.sampling import make_prompt, sample_trajectories
+from wmrl_trainer.services import local_runtime, quiet_libraries
+from wmrl_trainer.turns import repairs
 
 
 def policy_scripts(model: Any, tokenizer: Any, task: Any, sampling: Any) -> list[tuple[str, float]]:
     """Every script the policy can write for ``task`` under the run's sampling, with its probability."""
-    from wmrl_demo.script_space import script_distribution
-    from wmrl_trainer.sampling import make_prompt
-
     return script_distribution(model, tokenizer, make_prompt(task, tokenizer), temperature=sampling.temperature,
                                top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens)
 
@@ -61,9 +65,6 @@ def held_out_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: A
 def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], sampling: Any, dispatcher: Any,
                                max_turns: int, samples: int, seed: int, max_tokens: Optional[int] = None) -> dict[str, Any]:
     """Mean best-turn real reward of ``samples`` sampled trajectories per held-out task (outcomes from the table)."""
-    from wmrl_trainer.sampling import sample_trajectories
-    from wmrl_trainer.turns import repairs
-
     def grade(items: list[tuple[Any, str]]) -> list[Any]:
         return [entry.outcome for entry in dispatcher.entries(items)]
 
@@ -82,11 +83,6 @@ def run_job(job: Job) -> dict[str, Any]:
     """Train one (arm, bias level, seed) until the budget or the step cap; its curve and costs."""
     # torch takes seconds to import: only a training run pays for it, not `wmrl bench speedup --help`.
     import torch
-
-    from wmrl_demo.demo_policy import load_builtin
-    from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
-    from wmrl_trainer.services import local_runtime, quiet_libraries
-    from wmrl_trainer.build import build_trainer, load_training_tasks
 
     run_dir = Path(job.work_dir) / job.name()
     done = _finished(run_dir, job)

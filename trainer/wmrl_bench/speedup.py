@@ -46,6 +46,9 @@ from wmrl_bench.design import (ARMS, BASE_SPEC, BIAS_GRID, EVAL_TRAJECTORIES, HE
                                arm_config, world_model_jobs)
 from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
 from wmrl_demo.demo_policy import load_builtin
+from wmrl_demo.suite import SUITE_VERSION, builtin_suite
+from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
+from wmrl_trainer.services import LocalServices, quiet_libraries
 
 
 def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -129,10 +132,6 @@ def _csv(text: Optional[str], cast: Callable[[str], Any]) -> Optional[list]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from wmrl_demo.suite import SUITE_VERSION, builtin_suite
-    from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
-    from wmrl_trainer.services import LocalServices, quiet_libraries
-
     quiet_libraries()
     chosen = [name for name in ("quick", "multiturn", "wide") if getattr(args, name)]
     if len(chosen) > 1:
