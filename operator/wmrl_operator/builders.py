@@ -587,7 +587,7 @@ def sandbox_network_policy(run: Run, spec: WMRLRunSpec) -> dict[str, Any]:
 WORLD_MODEL_STRUCTURED_OUTPUTS = {"backend": "guidance", "disable_any_whitespace": True}
 """vLLM's structured-output backend for the world model. Under the default (xgrammar, vLLM 0.32) a
 string with ``maxLength`` admits raw control characters, so answers to the world model's schema
-were not JSON; under guidance without free whitespace every answer was (tests/vllm/parse_rate.py)."""
+were not JSON; under guidance without free whitespace every answer was (tests/vllm_cpu/parse_rate.py)."""
 
 
 def world_model_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[str, Any]:

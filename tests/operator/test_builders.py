@@ -260,7 +260,7 @@ def test_world_model_serves_policy_model_by_default_with_gpus():
 
 
 def test_world_model_vllm_constrains_output_with_guidance_without_free_whitespace():
-    """The backend under which every world-model answer was JSON on the CPU tier (tests/vllm)."""
+    """The backend under which every world-model answer was JSON on the CPU tier (tests/vllm_cpu)."""
     args = b.world_model_deployment(RUN, spec())["spec"]["template"]["spec"]["containers"][0]["args"]
     config = json.loads(args[args.index("--structured-outputs-config") + 1])
     assert config == {"backend": "guidance", "disable_any_whitespace": True}

@@ -3,7 +3,9 @@ the project's packages (in-function imports count: a cycle hidden in a function 
 and no module whose name shadows the standard library."""
 
 import ast
+import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,18 @@ def test_no_import_cycle_inside_a_package(package):
 def test_no_module_shadows_the_standard_library(package):
     shadowing = [m for m in modules(package) if m.rsplit(".", 1)[-1] in sys.stdlib_module_names]
     assert shadowing == []
+
+
+def test_no_test_folder_shadows_a_dependency():
+    """pytest puts ``tests/`` on sys.path, so a folder there named like a dependency that is not
+    installed (``tests/vllm`` with no vllm in the venv) is imported in its place, as a namespace
+    package without a version, and breaks every library that probes for it (TRL's
+    ``is_vllm_available`` raises on it)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        requirements += extra
+    names = {re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0].lower().replace("-", "_") for req in requirements}
+    folders = {p.name.lower() for p in (ROOT / "tests").iterdir() if p.is_dir()}
+    assert "vllm" in names and "torch" in names  # the parse found the extras
+    assert folders & names == set()

@@ -3,7 +3,7 @@
 The server is a real aiohttp app on 127.0.0.1 speaking the OpenAI chat-completions protocol
 (``/v1/models``, ``/v1/chat/completions``); each test scripts what it answers. It answers the
 client's structured-output probe as a constraining server would, under the modes in
-``constrains``; tests/vllm runs the same client against a real vLLM.
+``constrains``; tests/vllm_cpu runs the same client against a real vLLM.
 """
 
 import asyncio

@@ -1,6 +1,6 @@
 """The llm world model against a real vLLM (CPU build) started with the operator's rendered flags.
 
-The server is the session fixture ``vllm_server`` (tests/vllm/conftest.py): ``vllm serve`` from
+The server is the session fixture ``vllm_server`` (tests/vllm_cpu/conftest.py): ``vllm serve`` from
 the harness's cached venv, serving the tiny random-weight Qwen3. A random model samples
 whatever the grammar allows, so every JSON answer here is the constraint's doing. Where real
 vLLM cannot show a case (an endpoint that answers with something other than a chat completion),

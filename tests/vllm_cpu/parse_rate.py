@@ -1,4 +1,4 @@
-"""Parse rate of the world model's answers from a real vLLM (CPU build, tests/vllm/harness.py).
+"""Parse rate of the world model's answers from a real vLLM (CPU build, tests/vllm_cpu/harness.py).
 
 Starts ``vllm serve`` with the arguments the operator renders for the world-model Deployment
 (plus the CPU-only flags of the harness) on the tiny random-weight model, sends ``--answers``
@@ -7,7 +7,7 @@ json_schema), and counts the answers that are JSON, that validate against the sc
 parse to an Outcome. ``--contrast`` runs a second server without the rendered
 ``--structured-outputs-config`` (vLLM's default backend) for comparison.
 
-    .venv/bin/python tests/vllm/parse_rate.py --answers 64 --contrast
+    .venv/bin/python tests/vllm_cpu/parse_rate.py --answers 64 --contrast
 
 A random-weight model samples whatever the grammar allows, so it probes the grammar's edges
 (long strings and numbers, odd characters) far more than a trained model does; answers cut off

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-# tests/vllm/harness.py (stdlib only), loaded by path like tests/cluster/cluster.py; importable
+# tests/vllm_cpu/harness.py (stdlib only), loaded by path like tests/cluster/cluster.py; importable
 # afterwards as `wmrl_vllm_harness`.
 if "wmrl_vllm_harness" not in sys.modules:
     _spec = importlib.util.spec_from_file_location("wmrl_vllm_harness", Path(__file__).resolve().parent / "harness.py")
