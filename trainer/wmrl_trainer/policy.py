@@ -14,8 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from wmrl_demo.demo_policy import load_builtin
-
 EOS = "<|endoftext|>"
 # A chat template so that chat-completions servers (vLLM's OpenAI server) accept the tiny model.
 CHAT_TEMPLATE = (
@@ -41,6 +39,8 @@ def load_policy(model: str, cache_dir: str | None = None, dtype: Any = None) -> 
     if not model:
         raise ValueError("spec.policy.model: must not be empty")
     if model.startswith("builtin:"):
+        from wmrl_demo.demo_policy import load_builtin  # demo code, imported only when a spec names it
+
         return load_builtin(model[len("builtin:"):], cache_dir)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

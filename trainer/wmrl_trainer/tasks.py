@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from wmrl.tasks import Task, TaskFormatError, from_files, load_suite
-from wmrl_demo.suite import builtin_suite
 
 
 def _load_config_map_dir(directory: Path) -> list[Task]:
@@ -27,6 +26,8 @@ def load_tasks(tasks_spec, runtime=None, cache_dir: str | Path | None = None) ->
     """
     mounted = Path(getattr(runtime, "tasks_dir", None) or "/tasks")
     if tasks_spec.builtin:
+        from wmrl_demo.suite import builtin_suite  # demo data, imported only when a spec names it
+
         tasks = builtin_suite(tasks_spec.builtin, cache_dir)
     elif tasks_spec.path:
         tasks = load_suite(tasks_spec.path)
