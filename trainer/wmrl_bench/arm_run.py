@@ -1,6 +1,6 @@
 """One run of one arm of the speedup benchmark, in its own process: train until the budget is spent.
 
-The run goes through the trainer the Job runs (:func:`wmrl_trainer.train.build_trainer`,
+The run goes through the trainer the Job runs (:func:`wmrl_trainer.build.build_trainer`,
 TRL's GRPO, the WMRL step, an in-process calibration), with two things swapped for the
 benchmark: real executions come from the outcome table (:mod:`.outcome_table`, misses run
 for real on the sandbox servers), and the clock is :mod:`.cost`'s. After every step the

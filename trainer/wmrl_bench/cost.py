@@ -52,7 +52,7 @@ class StepCost:
 
 
 def step_cost(record: dict[str, Any], durations: Sequence[float], slots: int, judge_cost: float) -> StepCost:
-    """The cost of one step from its :class:`~wmrl_trainer.loop.StepRecord` (as JSON) and its executions' durations."""
+    """The cost of one step from its :class:`~wmrl_trainer.records.StepRecord` (as JSON) and its executions' durations."""
     compute = max(0.0, float(record["total"]) - float(record["execution"]))
     rows = int(record["rows"])
     graded_by_world_model = rows if record["mode"] != "real" else 0
