@@ -6,7 +6,7 @@
 #   2. TRL's vLLM generation (colocate mode) for the policy;
 #   3. a few WMRL steps on CUDA: anchors executed by a real sandbox server process,
 #      world-model grading through the vLLM server, calibration, GRPO update.
-# Needs: the repo installed with the [train,gpu] extras (vllm==0.33.0) in the active Python.
+# Needs: the repo installed with the [train,gpu] extras (vllm==0.31.0) in the active Python.
 # Usage: tests/gpu/run.sh [--steps N] [--keep DIR]     (results JSON: $OUT/gpu-smoke.json if $OUT is set)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
