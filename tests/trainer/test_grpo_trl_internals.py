@@ -7,14 +7,16 @@ before relaxing the test.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from importlib.metadata import version
 
 import pytest
-from transformers import Trainer
+import torch
+from transformers import Trainer, TrainingArguments
 from trl import GRPOConfig, GRPOTrainer
 
-from wmrl_trainer.grpo import WMRLGRPOTrainer
+from wmrl_trainer.grpo import WMRLGRPOTrainer, restorable_device
 
 
 def _params(fn) -> list[str]:
@@ -94,6 +96,27 @@ def test_checkpoint_internals_of_transformers_trainer():
     assert "resume_from_checkpoint" in _params(Trainer.train)
 
 
-@pytest.mark.parametrize("name", ["_generate", "_generate_and_score_completions"])
+def test_resume_maps_the_optimizer_state_to_args_device_read_from_a_cached_property():
+    """WMRLGRPOTrainer._load_optimizer_and_scheduler swaps the cached device while transformers' loads."""
+    source = inspect.getsource(Trainer._load_optimizer_and_scheduler)
+    assert 'map_location = self.args.device if self.args.world_size > 1 else "cpu"' in source
+    assert isinstance(inspect.getattr_static(TrainingArguments, "_setup_devices"), functools.cached_property)
+    assert "return self._setup_devices" in inspect.getsource(TrainingArguments.device.fget)
+
+
+def test_an_indexed_cpu_is_restorable_only_as_plain_cpu(tmp_path):
+    """What accelerate names a CPU process's device (cpu:<rank>) torch.load cannot restore to; the device
+    the trainer maps to instead loads the same optimizer state."""
+    path = tmp_path / "optimizer.pt"
+    torch.save({"state": {0: {"exp_avg": torch.arange(3.0)}}}, path)
+    with pytest.raises(RuntimeError, match="cpu:0"):
+        torch.load(path, map_location=torch.device("cpu", 0), weights_only=True)
+    loaded = torch.load(path, map_location=restorable_device(torch.device("cpu", 0)), weights_only=True)
+    assert torch.equal(loaded["state"][0]["exp_avg"], torch.arange(3.0))
+    assert restorable_device(torch.device("cpu", 1)) == torch.device("cpu")
+    assert restorable_device(torch.device("cuda", 1)) == torch.device("cuda", 1)  # a GPU keeps its index
+
+
+@pytest.mark.parametrize("name", ["_generate", "_generate_and_score_completions", "_load_optimizer_and_scheduler"])
 def test_our_overrides_match_the_base_signature(name):
     assert _params(getattr(WMRLGRPOTrainer, name)) == _params(getattr(GRPOTrainer, name))

@@ -34,7 +34,11 @@ fails loudly when they change):
   a completion is clipped when it ends in no EOS of the generation config);
 * checkpointing (``wmrl_trainer.checkpoint``) uses transformers' ``Trainer.save_model``,
   ``_save_optimizer_and_scheduler``, ``_save_rng_state``, ``state.save_to_json`` and
-  ``train(resume_from_checkpoint=...)``, which restores what they wrote.
+  ``train(resume_from_checkpoint=...)``, which restores what they wrote;
+* on resume, transformers' ``_load_optimizer_and_scheduler`` reads the optimizer state with
+  ``map_location=self.args.device`` when there are several processes, and ``args.device`` is
+  the cached property ``TrainingArguments._setup_devices``
+  (:meth:`WMRLGRPOTrainer._load_optimizer_and_scheduler` relies on both).
 
 Multi-turn (``spec.algorithm.maxTurns`` > 1) runs on TRL's supported path for it, a
 ``rollout_func`` (:meth:`WMRLGRPOTrainer._multi_turn_rollout`): each turn generates with
@@ -84,6 +88,13 @@ def wmrl_advantages(scored: Scored) -> tuple[np.ndarray, np.ndarray]:
     return np.where(graded, flat, 0.0), graded
 
 
+def restorable_device(device: torch.device) -> torch.device:
+    """``device`` as ``torch.load(map_location=)`` accepts it: accelerate names a CPU process's device
+    ``cpu:<local rank>``, and torch 2.13 restores storages to plain ``cpu`` only (``cpu:0`` raises
+    "don't know how to restore data location"). Both are the same memory."""
+    return torch.device("cpu") if device.type == "cpu" else device
+
+
 class WMRLGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, wmrl_step: Optional[WMRLStep], tasks: dict[str, Task], max_turns: int = 1,
                  max_trajectory_tokens: Optional[int] = None, world: World = World(),
@@ -111,6 +122,20 @@ class WMRLGRPOTrainer(GRPOTrainer):
                                f"{self.accelerator.num_processes}, the environment rank {world.rank} of {world.size}")
 
     # ---------------------------------------------------------------- TRL hooks
+    def _load_optimizer_and_scheduler(self, checkpoint: Optional[str]) -> None:
+        """TRL's and transformers' own, with ``args.device`` as torch can restore to while they run: with
+        several processes on CPUs transformers maps the optimizer state to ``cpu:<rank>``, which torch
+        2.13 refuses, so every multi-process CPU run failed to resume."""
+        device = self.args.device
+        target = restorable_device(device)
+        if target == device:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        self.args.__dict__["_setup_devices"] = target  # the cached value behind args.device
+        try:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        finally:
+            self.args.__dict__["_setup_devices"] = device
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_tasks = [row["task"] for row in inputs]
         if not self.model.training:
