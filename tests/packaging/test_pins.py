@@ -9,12 +9,18 @@ subset of both, so it resolves when they do.
 
 Without PEP 658 metadata on the index pip downloads every wheel it considers: the
 ``.[train,gpu]`` dry-run fetches about 3 GB (torch, vLLM, the CUDA wheels) and took 106-164 s here.
+So a successful answer is cached under ``~/.cache/wmrl/pins/`` (``$WMRL_CACHE/pins``), keyed by
+the sha256 of pyproject.toml, the extras, pip, Python and platform, for a week at most: an unchanged
+pyproject.toml costs nothing, an edited one asks the index again. ``WMRL_PINS_REFRESH=1`` ignores
+the cache.
 """
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -32,6 +38,11 @@ PIP = "26.3"
 VLLM_OUTSIDE_TRL_RANGE: str | None = None
 # What the trainer image installs: the base dependencies plus these extras.
 IMAGE_EXTRAS = ("train", "gpu")
+# Successful dry runs are kept here, one installation report per resolution_key(); pyproject.toml's
+# pins are exact, but their own requirements are ranges the index can move, so an answer is trusted
+# for a week at most.
+CACHE_DIR = Path(os.environ.get("WMRL_CACHE") or Path.home() / ".cache" / "wmrl") / "pins"
+CACHE_MAX_AGE = 7 * 24 * 3600.0
 
 
 def _pins(extra=None):
@@ -75,44 +86,110 @@ def test_docs_state_the_pinned_matrix():
         assert f"| {version} |" in row, f"docs/trainer.md: {row!r} does not state {name} {version}"
 
 
+def resolution_key(pyproject: bytes, extras: str, pip: str = PIP,
+                   python: str = f"{sys.version_info.major}.{sys.version_info.minor}",
+                   platform: str = sys.platform) -> str:
+    """What a dry run's answer depends on, on our side: the bytes of pyproject.toml, the extras, the
+    resolving pip, the interpreter's minor version and the platform."""
+    digest = hashlib.sha256()
+    for part in (pyproject, extras.encode(), pip.encode(), python.encode(), platform.encode()):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return digest.hexdigest()
+
+
+def cached_report(directory: Path, key: str, now: float, max_age: float = CACHE_MAX_AGE) -> dict | None:
+    """The installation report of an earlier successful dry run with this key, unless older than max_age."""
+    path = directory / f"{key}.json"
+    try:
+        if now - path.stat().st_mtime <= max_age:
+            return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def store_report(directory: Path, key: str, report: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{key}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(report))
+    tmp.replace(directory / f"{key}.json")
+
+
 @pytest.fixture(scope="module")
 def resolver(tmp_path_factory):
-    """A new venv with pip==PIP; returns a function that dry-runs ``.[extras]`` and gives back
-    (completed process, installation report or None)."""
-    venv = tmp_path_factory.mktemp("pins-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
+    """A function that dry-runs ``.[extras]`` and gives back (pip's exit status, its output's tail,
+    installation report or None). A successful answer is reused from ``CACHE_DIR`` while its key
+    (:func:`resolution_key`) is unchanged and it is younger than ``CACHE_MAX_AGE``; otherwise a new venv
+    with pip==PIP asks the index again. ``WMRL_PINS_REFRESH=1`` ignores the cache."""
+    pyproject = (ROOT / "pyproject.toml").read_bytes()
+    refresh = os.environ.get("WMRL_PINS_REFRESH") == "1"
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1"}
     env.pop("PIP_REQUIRE_VIRTUALENV", None)
-    up = subprocess.run([python, "-m", "pip", "install", "--quiet", f"pip=={PIP}"],
-                        env=env, capture_output=True, text=True, timeout=300)
-    assert up.returncode == 0, f"could not install pip=={PIP} into the test venv:\n{up.stderr[-3000:]}"
+    venv: list[str] = []
     done = {}
 
+    def python() -> str:
+        if not venv:
+            path = tmp_path_factory.mktemp("pins-venv")
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
+            up = subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", f"pip=={PIP}"],
+                                env=env, capture_output=True, text=True, timeout=300)
+            assert up.returncode == 0, f"could not install pip=={PIP} into the test venv:\n{up.stderr[-3000:]}"
+            venv.append(str(path / "bin" / "python"))
+        return venv[0]
+
     def dry_run(extras):
-        if extras not in done:
-            report = tmp_path_factory.mktemp("pins-report") / "report.json"
-            proc = subprocess.run(
-                [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--progress-bar", "off",
-                 "--report", str(report), f".[{extras}]"],
-                cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-            )
-            done[extras] = (proc, json.loads(report.read_text()) if proc.returncode == 0 else None)
+        if extras in done:
+            return done[extras]
+        key = resolution_key(pyproject, extras)
+        report = None if refresh else cached_report(CACHE_DIR, key, time.time())
+        if report is not None:
+            done[extras] = (0, f"(cached: {CACHE_DIR / key}.json)", report)
+            return done[extras]
+        path = tmp_path_factory.mktemp("pins-report") / "report.json"
+        proc = subprocess.run(
+            [python(), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--progress-bar", "off",
+             "--report", str(path), f".[{extras}]"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        )
+        tail = f"pip's stderr (tail):\n{proc.stderr[-3000:]}\npip's stdout (tail, the conflict's cause):\n{proc.stdout[-3000:]}"
+        report = json.loads(path.read_text()) if proc.returncode == 0 else None
+        if report is not None:
+            store_report(CACHE_DIR, key, report)
+        done[extras] = (proc.returncode, tail, report)
         return done[extras]
 
     return dry_run
+
+
+def test_the_resolution_key_changes_with_each_input():
+    base = resolution_key(b"[project]", "train,gpu", "26.3", "3.11", "linux")
+    variants = [resolution_key(b"[project] ", "train,gpu", "26.3", "3.11", "linux"),
+                resolution_key(b"[project]", "train,dev", "26.3", "3.11", "linux"),
+                resolution_key(b"[project]", "train,gpu", "26.2", "3.11", "linux"),
+                resolution_key(b"[project]", "train,gpu", "26.3", "3.12", "linux"),
+                resolution_key(b"[project]", "train,gpu", "26.3", "3.11", "darwin"),
+                resolution_key(b"[project]t", "rain,gpu", "26.3", "3.11", "linux")]  # no ambiguous joins
+    assert base == resolution_key(b"[project]", "train,gpu", "26.3", "3.11", "linux")
+    assert len({base, *variants}) == 1 + len(variants)
+
+
+def test_a_cached_report_is_used_only_while_fresh(tmp_path):
+    store_report(tmp_path, "k", {"install": []})
+    written = (tmp_path / "k.json").stat().st_mtime
+    assert cached_report(tmp_path, "k", written + CACHE_MAX_AGE) == {"install": []}
+    assert cached_report(tmp_path, "k", written + CACHE_MAX_AGE + 1) is None
+    assert cached_report(tmp_path, "other", written) is None
+    (tmp_path / "k.json").write_text("{truncated")
+    assert cached_report(tmp_path, "k", written) is None
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("extras", ["train,gpu", "train,dev"])
 def test_extras_resolve(resolver, extras):
-    proc, report = resolver(extras)
-    assert proc.returncode == 0, (
-        f'pip install --dry-run ".[{extras}]" did not resolve (exit {proc.returncode}).\n'
-        f"pip's stderr (tail):\n{proc.stderr[-3000:]}\n"
-        f"pip's stdout (tail, the conflict's cause):\n{proc.stdout[-3000:]}"
-    )
+    returncode, tail, report = resolver(extras)
+    assert returncode == 0, f'pip install --dry-run ".[{extras}]" did not resolve (exit {returncode}).\n{tail}'
     installed = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
     for extra in (None, *extras.split(",")):
         for req in _pins(extra):
@@ -125,8 +202,8 @@ def test_extras_resolve(resolver, extras):
 def test_vllm_is_in_trls_declared_range(resolver):
     """TRL declares the vLLM versions it supports in its `vllm` extra; the pinned vLLM is inside
     that range, or is the documented exception."""
-    proc, report = resolver("train,gpu")
-    assert proc.returncode == 0, f'".[train,gpu]" did not resolve (see test_extras_resolve):\n{proc.stderr[-3000:]}'
+    returncode, tail, report = resolver("train,gpu")
+    assert returncode == 0, f'".[train,gpu]" did not resolve (see test_extras_resolve):\n{tail}'
     meta = {canonicalize_name(item["metadata"]["name"]): item["metadata"] for item in report["install"]}
     vllm, trl = Version(meta["vllm"]["version"]), meta["trl"]
     requires = [Requirement(r) for r in trl.get("requires_dist", [])]
