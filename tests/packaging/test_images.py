@@ -3,7 +3,8 @@
 What they guard: every COPY source exists (a renamed folder breaks the build), the process runs
 as a numeric non-root user (so runAsNonRoot can verify it), and there is no ENTRYPOINT: the
 operator's builders give pods their whole command line (``args: [wmrl, calibration, serve, ...]``),
-which an ENTRYPOINT would prefix.
+which an ENTRYPOINT would prefix; and the sandbox image's scientific stack (and optional torch) is
+pinned to pyproject.toml's versions.
 """
 
 import json
@@ -59,3 +60,30 @@ def test_installs_only_what_the_image_needs():
     assert "pip install . " in operator_runs + " " and "[train" not in operator_runs
     trainer_runs = " ".join(a for i, a in _instructions("trainer/Dockerfile") if i == "RUN")
     assert '".[train,gpu]"' in trainer_runs
+
+
+def _pyproject_pins() -> dict[str, str]:
+    """name -> version of every `name==version` in pyproject.toml (base and extras)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for req in [*project["dependencies"], *(r for reqs in project["optional-dependencies"].values() for r in reqs)]:
+        name, _, version = req.partition("==")
+        pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def test_the_sandbox_stack_is_the_dev_environments():
+    """The sandbox image installs numpy, scipy, scikit-learn (and optionally torch) "pinned like the dev
+    environment": the versions agent code runs on there must be pyproject.toml's, or results of local
+    runs and of the cluster differ (and `pip install .` would replace numpy)."""
+    instructions = _instructions("sandbox-image/Dockerfile")
+    pins = _pyproject_pins()
+    stack = [a for i, a in instructions if i == "RUN" and "pip install numpy==" in a]
+    assert len(stack) == 1, "sandbox-image/Dockerfile: no single `pip install numpy==...` step"
+    named = dict(w.split("==", 1) for w in shlex.split(stack[0].split("&&")[0]) if "==" in w)
+    for name in ("numpy", "scipy", "scikit-learn"):
+        assert named.get(name) == pins[name], f"sandbox-image/Dockerfile pins {name}=={named.get(name)}, pyproject.toml {pins[name]}"
+    torch_arg = [a for i, a in instructions if i == "ARG" and a.startswith("TORCH_VERSION=")]
+    assert torch_arg == [f"TORCH_VERSION={pins['torch']}"], f"sandbox-image/Dockerfile: {torch_arg}, pyproject.toml torch=={pins['torch']}"
