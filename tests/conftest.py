@@ -40,3 +40,25 @@ def k8s_cluster():
         if os.environ.get("WMRL_KEEP_CLUSTER"):
             wmrl_cluster.make_persistent(cluster)
         wmrl_cluster.release(cluster)
+
+
+@pytest.fixture(scope="session")
+def real_node(k8s_cluster):
+    """A real kubelet node, ``real-0``, beside the kwok nodes (containerd 2, runc, kube-proxy,
+    CoreDNS; see tests/cluster/README.md, "Real node"), started the first time a test asks for
+    it. Labelled ``wmrl.dev/real-node: "true"`` and tainted ``wmrl.dev/real-node=true:NoSchedule``:
+    put a Pod there with ``**real_node.placement()`` (nodeSelector + toleration). No registry is
+    reachable: import images with ``real_node.import_image(tarball)`` (OCI or docker archive) and
+    use ``imagePullPolicy: Never``; ``real_node.images["nodetool"]`` is a small static helper
+    (serve, get, lookup, cat, echo, sleep). ``real_node.ctr`` and ``.containerd_socket`` reach the
+    node's containerd (namespace k8s.io). A node this session started is stopped, and the host
+    settings it changed are restored, when the last session using it ends (WMRL_KEEP_CLUSTER=1
+    keeps it running)."""
+    if os.environ.get("WMRL_KUBECONFIG"):
+        pytest.skip("WMRL_KUBECONFIG names an outside cluster: the local real node runs only "
+                    "beside the test control plane")
+    node = wmrl_cluster.acquire_real_node(k8s_cluster)
+    try:
+        yield node
+    finally:
+        wmrl_cluster.release_real_node(k8s_cluster, keep=bool(os.environ.get("WMRL_KEEP_CLUSTER")))

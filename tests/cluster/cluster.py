@@ -1,7 +1,9 @@
-"""A real (but node-less) Kubernetes control plane for wmrl tests.
+"""A real Kubernetes control plane for wmrl tests.
 
 etcd + kube-apiserver + kube-controller-manager + kube-scheduler, with kwok
-simulating kubelets on four fake nodes.  All binaries are built from source by
+simulating kubelets on four fake nodes, and on request one real node
+(``start_real_node()``, ``up --real-node``: containerd, runc, the kubelet,
+kube-proxy and CoreDNS on this machine).  All binaries are built from source by
 ``tests/cluster/build`` and cached by version under
 ``${WMRL_CACHE:-~/.cache/wmrl}/bin/<name>-<version>/<name>``.
 
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -39,10 +43,25 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build"
+
+
+def _sibling(name: str):
+    """tests/cluster/<name>.py, loaded by path as wmrl_<name> (as tests/conftest.py loads this
+    module), so that it does not depend on sys.path."""
+    mod = f"wmrl_{name}"
+    if mod not in sys.modules:
+        spec = importlib.util.spec_from_file_location(mod, HERE / f"{name}.py")
+        sys.modules[mod] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[mod])
+    return sys.modules[mod]
+
+
+nodeconfig = _sibling("nodeconfig")
+hoststate = _sibling("hoststate")
 
 # --------------------------------------------------------------------------
 # versions: the build script is the single source of truth (its defaults can
@@ -54,6 +73,9 @@ _VERSION_VARS = {
     "kwok": "KWOK_VERSION",
     "helm": "HELM_VERSION",
     "kueue": "KUEUE_VERSION",
+    "coredns": "COREDNS_VERSION",
+    "containerd": "CONTAINERD_VERSION",
+    "runc": "RUNC_VERSION",
 }
 
 
@@ -78,6 +100,19 @@ _BINARY_GROUP = {
     "helm": "helm",
     "kueue": "kueue",
 }
+# the real node's (built by `build node`)
+_NODE_BINARY_GROUP = {
+    "kubelet": "k8s",
+    "kube-proxy": "k8s",
+    "coredns": "coredns",
+    "containerd": "containerd",
+    "containerd-shim-runc-v2": "containerd",
+    "ctr": "containerd",
+    "runc": "runc",
+}
+# images built from this repository's sources (tests/cluster/images), versioned by a hash of
+# the sources and of the packer, as `build` does
+OWN_IMAGES = {"pause": "images/pause.c", "nodetool": "images/nodetool.go"}
 
 
 def cache_dir() -> Path:
@@ -89,26 +124,46 @@ def default_state_dir() -> Path:
 
 
 def binary(name: str) -> Path:
-    """Path of a cached binary (etcd, kube-*, kubectl, kwok, helm)."""
-    if name not in _BINARY_GROUP:
-        raise KeyError(f"unknown binary {name!r}; known: {sorted(_BINARY_GROUP)}")
-    ver = versions()[_BINARY_GROUP[name]]
-    return cache_dir() / "bin" / f"{name}-{ver}" / name
+    """Path of a cached binary (etcd, kube-*, kubectl, kwok, helm, kueue, and the real node's
+    kubelet, kube-proxy, coredns, containerd, containerd-shim-runc-v2, ctr, runc)."""
+    group = _BINARY_GROUP.get(name) or _NODE_BINARY_GROUP.get(name)
+    if group is None:
+        raise KeyError(f"unknown binary {name!r}; known: "
+                       f"{sorted([*_BINARY_GROUP, *_NODE_BINARY_GROUP])}")
+    return cache_dir() / "bin" / f"{name}-{versions()[group]}" / name
 
 
-def binaries() -> Dict[str, Path]:
-    return {n: binary(n) for n in _BINARY_GROUP}
+def binaries(group: str = "control-plane") -> Dict[str, Path]:
+    """The cached binaries of a build group: "control-plane" or "node"."""
+    names = {"control-plane": _BINARY_GROUP, "node": _NODE_BINARY_GROUP}[group]
+    return {n: binary(n) for n in names}
 
 
-def build() -> None:
-    """Build missing binaries (no-op when everything is cached, or when
-    WMRL_NO_BUILD=1, e.g. when the build runs elsewhere)."""
+def own_image(name: str) -> Tuple[str, Path]:
+    """(reference, OCI archive) of an image built from this repository: "pause" (the Pod
+    sandbox) or "nodetool" (the tests' helper: serve, get, lookup, cat, echo, sleep)."""
+    src = HERE / OWN_IMAGES[name]
+    ver = hashlib.sha256(src.read_bytes() + (HERE / "ociimage.py").read_bytes()).hexdigest()[:12]
+    return f"wmrl.local/{name}:{ver}", cache_dir() / "bin" / f"{name}-{ver}" / f"{name}.oci.tar"
+
+
+def _built(group: str) -> bool:
+    files = list(binaries(group).values())
+    if group == "node":
+        files += [own_image(n)[1] for n in OWN_IMAGES]
+    return all(p.is_file() and (p.suffix == ".tar" or os.access(p, os.X_OK)) for p in files)
+
+
+def build(groups: Sequence[str] = ("control-plane", "node")) -> None:
+    """Build the missing binaries of the groups ("control-plane", "node") (no-op when they
+    are cached, or when WMRL_NO_BUILD=1, e.g. when the build runs elsewhere)."""
     if os.environ.get("WMRL_NO_BUILD") == "1":
         return
-    if all(p.is_file() and os.access(p, os.X_OK) for p in binaries().values()):
+    missing = [g for g in groups if not _built(g)]
+    if not missing:
         return
     # The build script logs to stderr; keep our stdout clean.
-    subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=sys.stderr)
+    subprocess.run([str(BUILD_SCRIPT), *missing], check=True, stdout=sys.stderr)
 
 
 # --------------------------------------------------------------------------
@@ -289,6 +344,12 @@ CLIENTS = {
     "controller-manager": "/CN=system:kube-controller-manager",
     "scheduler": "/CN=system:kube-scheduler",
     "kwok": "/O=system:masters/CN=wmrl-kwok",
+    # the real node's (tests/cluster/README.md, "Real node")
+    "kubelet": f"/O=system:nodes/CN=system:node:{nodeconfig.NODE_NAME}",
+    "kube-proxy": "/CN=system:kube-proxy",  # bound to system:node-proxier by the apiserver
+    "coredns": f"/CN={nodeconfig.COREDNS_USER}",
+    # the apiserver's client cert towards kubelets (logs, exec, port-forward)
+    "apiserver-kubelet-client": "/O=system:masters/CN=kube-apiserver-kubelet-client",
 }
 
 
@@ -754,7 +815,8 @@ def _alive(p: _Paths, comp: str) -> bool:
     return pid is not None and _running(pid, comp)
 
 
-def _spawn(p: _Paths, comp: str, args: Sequence[str]) -> int:
+def _spawn(p: _Paths, comp: str, args: Sequence[str],
+           env: Optional[Dict[str, str]] = None) -> int:
     p.logs.mkdir(parents=True, exist_ok=True)
     p.pids.mkdir(parents=True, exist_ok=True)
     logf = open(p.logs / f"{comp}.log", "ab")
@@ -762,7 +824,7 @@ def _spawn(p: _Paths, comp: str, args: Sequence[str]) -> int:
     logf.flush()
     proc = subprocess.Popen([str(binary(comp)), *args], stdin=subprocess.DEVNULL,
                             stdout=logf, stderr=subprocess.STDOUT, cwd=str(p.root),
-                            start_new_session=True, close_fds=True)
+                            start_new_session=True, close_fds=True, env=env)
     logf.close()
     p.pidfile(comp).write_text(f"{proc.pid}\n")
     _CHILDREN[proc.pid] = proc
@@ -894,9 +956,15 @@ def _args(p: _Paths, ports: Dict[str, int]) -> Dict[str, List[str]]:
         ],
         "kube-apiserver": [
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
+            # every address, so that Pods of the real node reach it: the kubernetes Service's
+            # endpoint is the advertised (host) address
+            "--bind-address=0.0.0.0",
             f"--secure-port={ports['apiserver']}",
             f"--advertise-address={_host_ip()}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            # the real node's name (real-0) is no DNS name here; its InternalIP is
+            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
             f"--cert-dir={pki}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -971,10 +1039,19 @@ def status(state_dir=None) -> Dict[str, bool]:
     return {c: _alive(p, c) and _healthy(p, c, ports) for c in COMPONENTS}
 
 
-def up(state_dir=None, timeout: float = 120.0, _cli: bool = True) -> Cluster:
+def up(state_dir=None, timeout: float = 120.0, _cli: bool = True,
+       real_node: bool = False) -> Cluster:
     """Start (or reuse) the cluster; returns a Cluster with .kubeconfig.
     Clusters started or reused via up() stay up until down() (see acquire()
-    / release() for the test-session variant)."""
+    / release() for the test-session variant). real_node=True also starts (or reuses)
+    the real kubelet node (start_real_node())."""
+    c = _up_control_plane(state_dir, timeout, _cli)
+    if real_node:
+        start_real_node(c, _cli=_cli)
+    return c
+
+
+def _up_control_plane(state_dir, timeout: float, _cli: bool) -> Cluster:
     p = _resolve(state_dir)
     ports = _ports()
     with _locked(p):
@@ -984,7 +1061,7 @@ def up(state_dir=None, timeout: float = 120.0, _cli: bool = True) -> Cluster:
                 with contextlib.suppress(FileNotFoundError):
                     p.ephemeral.unlink()
             return _make_cluster(p, ports, started=False)
-        build()
+        build(["control-plane"])
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(p.holders)
         if _cli:
@@ -1106,7 +1183,8 @@ def restart_apiserver(state_dir=None, downtime: float = 3.0, timeout: float = 12
 
 
 def down(state_dir=None) -> None:
-    """Stop every component started by up() and wipe etcd data."""
+    """Stop every component started by up() (the real node first, putting the host back as
+    it was) and wipe etcd data."""
     p = _resolve(state_dir)
     if not p.root.exists():
         return
@@ -1115,15 +1193,19 @@ def down(state_dir=None) -> None:
 
 
 def _down_locked(p: _Paths) -> None:
-    for comp in reversed(COMPONENTS):
-        _stop(p, comp)
-    if p.etcd_data.exists():
-        shutil.rmtree(p.etcd_data)
-    with contextlib.suppress(FileNotFoundError):
-        p.ephemeral.unlink()
-    if p.holders.exists():
-        shutil.rmtree(p.holders, ignore_errors=True)
-    log(f"cluster in {p.root} stopped")
+    try:
+        _stop_real_node_locked(p)
+    finally:  # the control plane stops even if the node's teardown left something
+        for comp in reversed(COMPONENTS):
+            _stop(p, comp)
+        if p.etcd_data.exists():
+            shutil.rmtree(p.etcd_data)
+        for f in (p.ephemeral, _imports_file(p)):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+        if p.holders.exists():
+            shutil.rmtree(p.holders, ignore_errors=True)
+        log(f"cluster in {p.root} stopped")
 
 
 # --------------------------------------------------------------------------
@@ -1131,9 +1213,13 @@ def _down_locked(p: _Paths) -> None:
 
 
 def _live_holders(p: _Paths) -> List[int]:
+    return _live_pids(p.holders)
+
+
+def _live_pids(holders: Path) -> List[int]:
     live = []
-    if p.holders.is_dir():
-        for f in p.holders.iterdir():
+    if holders.is_dir():
+        for f in holders.iterdir():
             try:
                 pid = int(f.name)
                 os.kill(pid, 0)
@@ -1180,6 +1266,344 @@ def release(cluster: Cluster) -> None:
 
 
 # --------------------------------------------------------------------------
+# the real node: a kubelet with containerd, kube-proxy and CoreDNS beside the kwok nodes
+# (tests/cluster/README.md, "Real node"; the configurations are in nodeconfig.py, the host
+# state it changes and restores in hoststate.py)
+
+
+@dataclass
+class RealNode:
+    name: str
+    state_dir: Path          # the cluster's state directory
+    root: Path               # the node's: <state_dir>/real-node
+    node_ip: str
+    pod_cidr: str
+    dns_ip: str              # CoreDNS (the kubelet's clusterDNS), on the Pods' bridge
+    ctr: Path
+    containerd_socket: Path
+    images: Dict[str, str]   # our own images, imported at start: {"pause": ref, "nodetool": ref}
+    started: bool = False    # True if this call started it
+    label: Dict[str, str] = field(default_factory=lambda: dict(nodeconfig.NODE_LABEL))
+    toleration: Dict[str, str] = field(default_factory=lambda: dict(nodeconfig.TOLERATION))
+
+    def placement(self) -> dict:
+        """Pod spec fields that put a Pod on this node (and only there)."""
+        return {"nodeSelector": dict(self.label), "tolerations": [dict(self.toleration)]}
+
+    def ctr_run(self, *args: str, check: bool = True,
+                timeout: float = 600) -> subprocess.CompletedProcess:
+        """ctr against the node's containerd, in the CRI's namespace (k8s.io)."""
+        return _ctr(self.ctr, self.containerd_socket, *args, check=check, timeout=timeout)
+
+    def import_image(self, tarball: os.PathLike) -> List[str]:
+        """Import an OCI or docker archive (ociimage.py, `docker save`, `buildah push
+        oci-archive:`) into the node's containerd; returns the names imported. Pods use them
+        with imagePullPolicy Never or IfNotPresent (no registry is reachable). A name without
+        a registry, e.g. "foo:1", is docker.io/library/foo:1 to the CRI: import it as that.
+        The archive is imported again whenever the node restarts while the cluster runs."""
+        path = Path(tarball).resolve()
+        names = _import_image(self.ctr, self.containerd_socket, path)
+        _remember_import(_Paths(self.state_dir), path)
+        return names
+
+    def image_names(self) -> List[str]:
+        return self.ctr_run("images", "list", "-q").stdout.split()
+
+
+def _layout(p: _Paths):
+    return nodeconfig.Layout(p.root / "real-node")
+
+
+def _ctr(ctr: Path, sock: Path, *args: str, check: bool = True,
+         timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [str(ctr), "--address", str(sock), "--namespace", nodeconfig.CRI_NAMESPACE, *args]
+    res = subprocess.run(cmd, text=True, timeout=timeout, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    if check and res.returncode != 0:
+        raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
+    return res
+
+
+def _import_image(ctr: Path, sock: Path, tarball: Path) -> List[str]:
+    if not tarball.is_file():
+        raise FileNotFoundError(f"image archive {tarball} does not exist")
+    t0 = time.time()
+    res = _ctr(ctr, sock, "images", "import", "--local", "--platform", "linux/amd64",
+               str(tarball))
+    names = re.findall(r"^unpacking (\S+) \(", res.stdout, re.M)
+    log(f"imported {', '.join(names) or tarball.name} in {time.time() - t0:.1f}s")
+    return names
+
+
+def _imports_file(p: _Paths) -> Path:
+    # outside the node's directory, which stop_real_node() removes
+    return p.root / "real-node-images.json"
+
+
+def _remember_import(p: _Paths, path: Path) -> None:
+    with _locked(p):
+        f = _imports_file(p)
+        known = json.loads(f.read_text()) if f.exists() else []
+        if str(path) not in known:
+            f.write_text(json.dumps([*known, str(path)], indent=1))
+
+
+def _node_env(lay) -> Dict[str, str]:
+    # containerd finds the runc shim on PATH; its temporary mounts go under the node's dir
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(binary("containerd-shim-runc-v2").parent),
+                                   str(binary("runc").parent), "/usr/sbin", "/usr/bin",
+                                   "/sbin", "/bin"])
+    env["TMPDIR"] = str(lay.containerd_tmp)
+    return env
+
+
+def _node_healthy(p: _Paths, comp: str) -> bool:
+    lay = _layout(p)
+    if comp == "containerd":
+        return lay.containerd_socket.exists() and _ctr(
+            binary("ctr"), lay.containerd_socket, "version", check=False, timeout=10).returncode == 0
+    url = {
+        "kubelet": f"http://127.0.0.1:{nodeconfig.PORTS['kubelet_healthz']}/healthz",
+        "kube-proxy": f"http://127.0.0.1:{nodeconfig.PORTS['kube_proxy_healthz']}/healthz",
+        "coredns": f"http://127.0.0.1:{nodeconfig.PORTS['coredns_ready']}/ready",
+    }[comp]
+    return _get(url)[0] == 200
+
+
+def real_node_status(state_dir=None) -> Dict[str, bool]:
+    """{"real-node/<component>": healthy} while a real node is (or was, in a crash) up."""
+    p = _resolve(state_dir)
+    if not _layout(p).record.exists():
+        return {}
+    return {f"real-node/{c}": _alive(p, c) and _node_healthy(p, c)
+            for c in nodeconfig.COMPONENTS}
+
+
+def _node_object(p: _Paths) -> Optional[dict]:
+    res = kubectl("get", "node", nodeconfig.NODE_NAME, "-o", "json",
+                  kubeconfig=p.admin_kubeconfig, check=False)
+    return json.loads(res.stdout) if res.returncode == 0 else None
+
+
+def _node_ready(node: Optional[dict]) -> bool:
+    """Registered, Ready, and labelled and tainted as the real node is."""
+    if not node:
+        return False
+    labels = node["metadata"].get("labels", {})
+    taints = node.get("spec", {}).get("taints") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in node.get("status", {}).get("conditions") or [])
+    tainted = any(t.get("key") == nodeconfig.NODE_TAINT["key"] and
+                  t.get("effect") == nodeconfig.NODE_TAINT["effect"] for t in taints)
+    return ready and tainted and all(labels.get(k) == v for k, v in nodeconfig.NODE_LABEL.items())
+
+
+def _real_node_running(p: _Paths) -> bool:
+    return _layout(p).record.exists() and all(
+        _alive(p, c) and _node_healthy(p, c) for c in nodeconfig.COMPONENTS) and \
+        _node_ready(_node_object(p))
+
+
+def _make_real_node(p: _Paths, started: bool) -> RealNode:
+    lay = _layout(p)
+    return RealNode(name=nodeconfig.NODE_NAME, state_dir=p.root, root=lay.root,
+                    node_ip=_host_ip(), pod_cidr=nodeconfig.POD_CIDR,
+                    dns_ip=nodeconfig.gateway(), ctr=binary("ctr"),
+                    containerd_socket=lay.containerd_socket,
+                    images={n: own_image(n)[0] for n in OWN_IMAGES}, started=started)
+
+
+def _check_apiserver_for_pods(p: _Paths) -> None:
+    """The real node's Pods reach the apiserver at the host address (the kubernetes Service's
+    endpoint), and the apiserver reaches the kubelet with a client cert: a control plane
+    started before these flags existed has neither."""
+    pid = _read_pid(p, "kube-apiserver")
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except (OSError, TypeError):
+        argv = []
+    want = ["--bind-address=0.0.0.0", "--kubelet-client-certificate=",
+            "--kubelet-preferred-address-types=InternalIP"]
+    missing = [w for w in want if not any(a.startswith(w) for a in argv)]
+    if missing:
+        raise RuntimeError(
+            f"the running kube-apiserver (pid {pid}) lacks {missing}, which the real node needs; "
+            f"restart the cluster in {p.root} (tests/cluster/down, then up)")
+
+
+def _check_node_ports() -> None:
+    busy = []
+    for name, port in nodeconfig.PORTS.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                busy.append(f"{name}={port}")
+    if busy:
+        raise RuntimeError(f"ports of the real node in use: {', '.join(busy)} (another real "
+                           "node or kubelet on this machine? there can be one per machine)")
+
+
+def start_real_node(cluster: Optional[Cluster] = None, state_dir=None, timeout: float = 240.0,
+                    _cli: bool = True) -> RealNode:
+    """Start (or reuse) the real node ``real-0`` of the running cluster: containerd, CoreDNS,
+    the kubelet and kube-proxy, with our pause and nodetool images imported. Builds what is
+    missing first. It changes host settings (sysctls, iptables, a bridge, cgroups), recorded
+    before start and put back by stop_real_node() and down(). A node started here from the
+    CLI (_cli=True) stays up until one of those; see acquire_real_node() for tests."""
+    p = _resolve(state_dir or (cluster.state_dir if cluster else None))
+    lay = _layout(p)
+    with _locked(p):
+        if not _cluster_ready(p, _ports()):
+            raise RuntimeError(f"no running cluster in {p.root}; start it first (up())")
+        if _real_node_running(p):
+            log(f"real node {nodeconfig.NODE_NAME} already running")
+            if _cli:
+                with contextlib.suppress(FileNotFoundError):
+                    lay.ephemeral.unlink()
+            return _make_real_node(p, started=False)
+        build(["node"])
+        _check_apiserver_for_pods(p)
+        _stop_real_node_locked(p)  # what an earlier run left (a crash, a failed start)
+        _check_node_ports()
+        t0 = time.time()
+        try:
+            _start_real_node_once(p, lay, timeout)
+        except BaseException:
+            log(f"real node failed to start; stopping it (logs in {p.logs})")
+            _stop_real_node_locked(p)
+            raise
+        if not _cli:
+            lay.ephemeral.touch()
+        log(f"real node {nodeconfig.NODE_NAME} Ready in {time.time() - t0:.1f}s")
+        return _make_real_node(p, started=True)
+
+
+def _start_real_node_once(p: _Paths, lay, timeout: float) -> None:
+    node_ip = _host_ip()
+    if node_ip.startswith("127."):
+        raise RuntimeError("the real node needs a non-loopback host address (the kubelet "
+                           "refuses a loopback node IP); this machine has no default route")
+    for tool in ("bridge", "host-local"):
+        if not (nodeconfig.CNI_BIN_DIR / tool).is_file():
+            raise RuntimeError(f"CNI plugin {nodeconfig.CNI_BIN_DIR / tool} missing (Debian "
+                               "package containernetworking-plugins; tests/cluster/build node)")
+    hoststate.record(lay)  # before anything changes the host
+    for d in lay.dirs():
+        d.mkdir(parents=True, exist_ok=True)
+    pause_ref, _ = own_image("pause")
+    lay.containerd_config.write_text(nodeconfig.containerd_config(lay, binary("runc"), pause_ref))
+    (lay.cni_conf_dir / "10-wmrl.conflist").write_text(nodeconfig.cni_conflist(lay))
+    lay.kubelet_config.write_text(nodeconfig.kubelet_config(lay, p.pki / "ca.crt"))
+    lay.resolv_conf.write_text(nodeconfig.resolv_conf())
+    lay.corefile.write_text(nodeconfig.corefile(p.kubeconfig("coredns")))
+    kubectl("apply", "-f", "-", input=json.dumps(nodeconfig.coredns_rbac()),
+            kubeconfig=p.admin_kubeconfig)
+    problems = hoststate.write_sysctls(nodeconfig.SYSCTLS_AT_START)
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    # the bridge exists before any Pod, so that CoreDNS can listen on its address
+    gw = nodeconfig.gateway()
+    prefix = nodeconfig.POD_CIDR.split("/")[1]
+    for cmd in (["ip", "link", "add", nodeconfig.BRIDGE, "type", "bridge"],
+                ["ip", "addr", "add", f"{gw}/{prefix}", "dev", nodeconfig.BRIDGE],
+                ["ip", "link", "set", nodeconfig.BRIDGE, "up"]):
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    log("starting containerd")
+    _spawn(p, "containerd", nodeconfig.containerd_args(lay), env=_node_env(lay))
+    _wait("containerd", lambda: _node_healthy(p, "containerd"), 60, p, "containerd", 0.3)
+    for name in OWN_IMAGES:
+        _import_image(binary("ctr"), lay.containerd_socket, own_image(name)[1])
+    f = _imports_file(p)
+    for archive in (json.loads(f.read_text()) if f.exists() else []):
+        if Path(archive).is_file():  # what tests imported before the node restarted
+            _import_image(binary("ctr"), lay.containerd_socket, Path(archive))
+    log("starting coredns")
+    _spawn(p, "coredns", nodeconfig.coredns_args(lay))
+    _wait("coredns /ready", lambda: _node_healthy(p, "coredns"), 60, p, "coredns", 0.3)
+    log("starting kubelet")
+    _spawn(p, "kubelet", nodeconfig.kubelet_args(lay, p.kubeconfig("kubelet"), node_ip))
+    _wait(f"node {nodeconfig.NODE_NAME} registered", lambda: _node_object(p) is not None,
+          timeout, p, "kubelet", 0.5)
+    # kube-proxy reads its node's addresses from the Node object
+    log("starting kube-proxy")
+    _spawn(p, "kube-proxy", nodeconfig.kube_proxy_args(p.kubeconfig("kube-proxy")))
+    _wait("kube-proxy /healthz", lambda: _node_healthy(p, "kube-proxy"), timeout, p,
+          "kube-proxy", 0.5)
+    _wait(f"node {nodeconfig.NODE_NAME} Ready", lambda: _node_ready(_node_object(p)),
+          timeout, p, "kubelet", 0.5)
+
+
+def stop_real_node(state_dir=None) -> None:
+    """Stop the real node and put the host back as it was before it started (sysctls,
+    iptables chains, the bridge, mounts, cgroups, leftover Pods and shims); the control plane
+    keeps running. Idempotent, and safe after a crash (it works from the recorded state)."""
+    p = _resolve(state_dir)
+    if not p.root.exists():
+        return
+    with _locked(p):
+        _stop_real_node_locked(p)
+
+
+def _stop_real_node_locked(p: _Paths) -> None:
+    lay = _layout(p)
+    running = [c for c in nodeconfig.COMPONENTS if _alive(p, c)]
+    if not running and not lay.record.exists() and not lay.root.exists():
+        return
+    if running or lay.record.exists():
+        log(f"stopping real node {nodeconfig.NODE_NAME}")
+    for comp in reversed(nodeconfig.COMPONENTS):
+        _stop(p, comp)
+    problems = hoststate.teardown(lay, log)
+    if problems:
+        raise RuntimeError("the real node's teardown left: " + "; ".join(problems))
+    if _alive(p, "kube-apiserver"):
+        # its Pods are gone with it: let the Pod GC remove them instead of waiting for a kubelet
+        kubectl("delete", "node", nodeconfig.NODE_NAME, "--ignore-not-found", "--wait=false",
+                kubeconfig=p.admin_kubeconfig, check=False)
+    mounted = nodeconfig.mounts_under(Path("/proc/self/mountinfo").read_text(), lay.root)
+    if mounted:  # never remove a tree that a mount (a Pod's hostPath, say) reaches into
+        raise RuntimeError(f"still mounted under {lay.root}: {[str(m) for m in mounted]}")
+    shutil.rmtree(lay.root, ignore_errors=True)
+
+
+def acquire_real_node(cluster: Cluster, timeout: float = 240.0) -> RealNode:
+    """start_real_node() for a test session: registers this process as a holder. A node
+    started here is stopped (the host restored) by the last holder's release_real_node()."""
+    node = start_real_node(cluster, timeout=timeout, _cli=False)
+    p = _Paths(cluster.state_dir)
+    lay = _layout(p)
+    with _locked(p):
+        lay.holders.mkdir(parents=True, exist_ok=True)
+        (lay.holders / str(os.getpid())).touch()
+    return node
+
+
+def release_real_node(cluster: Cluster, keep: bool = False) -> None:
+    """Undo acquire_real_node(): stops a node started by a test session once no holder is
+    left (keep=True: leave it running, as WMRL_KEEP_CLUSTER does)."""
+    p = _Paths(cluster.state_dir)
+    lay = _layout(p)
+    with _locked(p):
+        with contextlib.suppress(FileNotFoundError):
+            (lay.holders / str(os.getpid())).unlink()
+        if keep:
+            with contextlib.suppress(FileNotFoundError):
+                lay.ephemeral.unlink()
+            return
+        others = _live_pids(lay.holders)
+        if not lay.ephemeral.exists():
+            return
+        if others:
+            log(f"leaving the real node running for other sessions (pids {others})")
+            return
+        _stop_real_node_locked(p)
+
+
+# --------------------------------------------------------------------------
 # CLI
 
 
@@ -1187,13 +1611,22 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[0] if argv else "up"
     state_dir = os.environ.get("WMRL_CLUSTER_DIR") or None
+    flags = [a for a in argv[1:] if a.startswith("--")]
+    if any(f != "--real-node" for f in flags) or (flags and cmd not in ("up", "down")):
+        print(f"{cmd}: unknown option(s) {flags}; only up and down take --real-node",
+              file=sys.stderr)
+        return 2
     if cmd == "up":
-        c = up(state_dir)
+        c = up(state_dir, real_node=bool(flags))
         print(c.kubeconfig, flush=True)
     elif cmd == "down":
-        down(state_dir)
+        if flags:
+            stop_real_node(state_dir)
+        else:
+            down(state_dir)
     elif cmd == "status":
         st = status(state_dir)
+        st.update(real_node_status(state_dir))
         for comp, ok in st.items():
             print(f"{comp}: {'healthy' if ok else 'down'}")
         return 0 if all(st.values()) else 1
@@ -1206,7 +1639,8 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     elif cmd == "binary":
         print(binary(argv[1]))
     else:
-        print(f"usage: {sys.argv[0]} up|down|status|build|kubeconfig|versions|binary NAME",
+        print(f"usage: {sys.argv[0]} up [--real-node]|down [--real-node]|status|build|"
+              "kubeconfig|versions|binary NAME",
               file=sys.stderr)
         return 2
     return 0
