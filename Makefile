@@ -39,8 +39,9 @@ venv:
 	  echo "$$want" > $(STAMP); \
 	fi
 
-# Control-plane binaries (etcd, kube-*, kubectl, kwok, helm), built from source
-# and cached by version under $${WMRL_CACHE:-~/.cache/wmrl}; a no-op when cached.
+# Control-plane binaries (etcd, kube-*, kubectl, kwok, helm, kueue) and the real node's
+# (kubelet, kube-proxy, coredns, containerd, runc, images; Debian packages via apt-get),
+# built from source and cached by version under $${WMRL_CACHE:-~/.cache/wmrl}; a no-op when cached.
 cluster:
 	@$(PYTHON) tests/cluster/cluster.py build
 

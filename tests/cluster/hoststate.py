@@ -136,14 +136,15 @@ def write_sysctls(values: Dict[str, str]) -> List[str]:
 # ------------------------------------------------------------------------------ tearing down
 
 
-def _pids_in(cgroup_dir: Path) -> List[int]:
-    pids = []
-    for procs in cgroup_dir.rglob("cgroup.procs"):
-        try:
-            pids += [int(x) for x in procs.read_text().split()]
-        except (OSError, ValueError):
-            pass
-    return pids
+def _pids_in(cgroup_dirs: Iterable[Path]) -> List[int]:
+    pids = set()  # a process is in every hierarchy
+    for top in cgroup_dirs:
+        for procs in top.rglob("cgroup.procs"):
+            try:
+                pids.update(int(x) for x in procs.read_text().split())
+            except (OSError, ValueError):
+                pass
+    return sorted(pids)
 
 
 def _cmdline(pid: int) -> List[str]:
@@ -298,8 +299,8 @@ def teardown(lay: "nc.Layout", log: Log = lambda m: None) -> List[str]:
     rec = json.loads(lay.record.read_text())
     root = Path(rec["root"])
     problems: List[str] = []
-    problems += _kill_all(lambda: [p for d in kubepods_dirs() if str(d) not in rec["kubepods"]
-                                   for p in _pids_in(d)], "Pod processes", log)
+    problems += _kill_all(lambda: _pids_in(d for d in kubepods_dirs()
+                                           if str(d) not in rec["kubepods"]), "Pod processes", log)
     problems += _kill_all(lambda: _shim_pids(rec["containerd_socket"]), "shims", log)
     problems += unmount_under(root, log)
     problems += delete_iptables_chains(log)
