@@ -1432,7 +1432,17 @@ def _check_apiserver_for_pods(p: _Paths) -> None:
             f"restart the cluster in {p.root} (tests/cluster/down, then up)")
 
 
-def _check_node_ports() -> None:
+def _check_host_free() -> None:
+    """Nothing of another real node or kubelet on this machine (there can be one per machine:
+    the ports, the bridge and the kubelet's cgroups are host-wide)."""
+    taken = [f"cgroup {d}" for d in hoststate.kubepods_dirs()]
+    if hoststate.link_exists(nodeconfig.BRIDGE):
+        taken.append(f"network link {nodeconfig.BRIDGE}")
+    taken += [f"{tool} chain {c}" for tool, chains in hoststate.iptables_chains().items()
+              for c in chains if c.split("/", 1)[1].startswith("KUBE-")]
+    if taken:
+        raise RuntimeError(f"{', '.join(taken)} already exist(s), and not from a real node of "
+                           "this cluster (another cluster's real node, or a kubelet?)")
     busy = []
     for name, port in nodeconfig.PORTS.items():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -1467,7 +1477,7 @@ def start_real_node(cluster: Optional[Cluster] = None, state_dir=None, timeout: 
         build(["node"])
         _check_apiserver_for_pods(p)
         _stop_real_node_locked(p)  # what an earlier run left (a crash, a failed start)
-        _check_node_ports()
+        _check_host_free()
         t0 = time.time()
         try:
             _start_real_node_once(p, lay, timeout)

@@ -199,21 +199,23 @@ def unmount_under(root: Path, log: Log) -> List[str]:
     return [f"still mounted: {m}" for m in left]
 
 
-def delete_iptables_chains(log: Log) -> List[str]:
+def delete_iptables_chains(log: Log, before: Dict[str, List[str]]) -> List[str]:
+    """Remove the KUBE-*/CNI-* chains that were not there ``before`` (iptables_chains())."""
     for tool in ("iptables", "ip6tables"):
         if not shutil.which(f"{tool}-save"):
             continue
-        cmds = nc.iptables_cleanup(_run(f"{tool}-save").stdout)
+        cmds = nc.iptables_cleanup(_run(f"{tool}-save").stdout, keep=before.get(tool, []))
         if cmds:
             log(f"{tool}: {len(cmds)} commands to remove the KUBE-*/CNI-* chains")
         for args in cmds:
             _run(tool, "-w", "5", *args)
-    left = iptables_chains()
+    left = {tool: sorted(set(chains) - set(before.get(tool, [])))
+            for tool, chains in iptables_chains().items()}
     return [f"{tool} chains left: {chains}" for tool, chains in left.items() if chains]
 
 
-def delete_bridge(log: Log) -> List[str]:
-    if not link_exists(nc.BRIDGE):
+def delete_bridge(log: Log, existed: bool) -> List[str]:
+    if existed or not link_exists(nc.BRIDGE):
         return []
     ports = [p.name for p in Path("/sys/class/net", nc.BRIDGE, "brif").glob("*")]
     log(f"deleting bridge {nc.BRIDGE} and its {len(ports)} ports")
@@ -303,8 +305,8 @@ def teardown(lay: "nc.Layout", log: Log = lambda m: None) -> List[str]:
                                            if str(d) not in rec["kubepods"]), "Pod processes", log)
     problems += _kill_all(lambda: _shim_pids(rec["containerd_socket"]), "shims", log)
     problems += unmount_under(root, log)
-    problems += delete_iptables_chains(log)
-    problems += delete_bridge(log)
+    problems += delete_iptables_chains(log, rec.get("iptables_chains", {}))
+    problems += delete_bridge(log, rec.get("bridge", False))
     problems += remove_cgroups(rec["kubepods"])
     problems += remove_shim_sockets(rec)
     problems += remove_log_links(rec)

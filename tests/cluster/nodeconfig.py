@@ -405,10 +405,13 @@ def _ours(chain: str) -> bool:
     return chain.startswith(CHAIN_PREFIXES)
 
 
-def iptables_cleanup(save_text: str) -> List[List[str]]:
+def iptables_cleanup(save_text: str, keep: Iterable[str] = ()) -> List[List[str]]:
     """``iptables`` argument lists that remove every KUBE-*/CNI-* chain of an
     ``iptables-save`` dump, and every rule elsewhere that jumps into one: first those rules
-    (-D), then the chains' rules (-F), then the chains (-X)."""
+    (-D), then the chains' rules (-F), then the chains (-X). Chains in ``keep``
+    ("table/chain", e.g. podman's CNI chains that were there before the node) stay, and so do
+    the jumps into them."""
+    keep = set(keep)
     cmds: List[List[str]] = []
     flush: List[List[str]] = []
     delete: List[List[str]] = []
@@ -419,14 +422,15 @@ def iptables_cleanup(save_text: str) -> List[List[str]]:
             table = line[1:]
         elif line.startswith(":") and table:
             chain = line[1:].split()[0]
-            if _ours(chain):
+            if _ours(chain) and f"{table}/{chain}" not in keep:
                 flush.append(["-t", table, "-F", chain])
                 delete.append(["-t", table, "-X", chain])
         elif line.startswith("-A ") and table:
             words = shlex.split(line)
             chain = words[1]
             target = _jump_target(words)
-            if not _ours(chain) and target and _ours(target):
+            if not _ours(chain) and target and _ours(target) and \
+                    f"{table}/{target}" not in keep:
                 cmds.append(["-t", table, "-D", chain, *words[2:]])
     return cmds + flush + delete
 

@@ -203,3 +203,10 @@ def test_ociimage_rejects_bad_input_naming_the_field(tmp_path, args, field):
     res = _oci(tmp_path, *args, "--entrypoint", "/bin/tool", "-o", "out.tar")
     assert res.returncode == 2 and field in res.stderr
     assert not (tmp_path / "out.tar").exists()
+
+
+def test_iptables_cleanup_keeps_chains_that_were_there_before():
+    cmds = nc.iptables_cleanup(SAVE, keep=["nat/CNI-abc123", "filter/KUBE-FORWARD"])
+    assert not any("CNI-abc123" in c for c in cmds)
+    assert not any("KUBE-FORWARD" in c for c in cmds)
+    assert ["-t", "filter", "-X", "KUBE-SERVICES"] in cmds
