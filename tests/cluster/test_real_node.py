@@ -2,9 +2,12 @@
 containers through containerd and runc, a bridge CNI, kube-proxy Services and CoreDNS, and a
 host put back as it was when the node stops."""
 
+import hashlib
+import io
 import ipaddress
 import json
 import os
+import tarfile
 import time
 import uuid
 
@@ -112,6 +115,48 @@ def test_pod_runs_on_the_bridge_with_logs_and_exec(k8s_cluster, real_node, ns):
     # exec reports the command's exit status
     failed = _exec(k8s_cluster, ns, "hello", "cat", "/no/such/file", check=False)
     assert failed.returncode != 0 and "no such file" in failed.stderr
+
+
+def _docker_archive(path, repo_tag, files, entrypoint):
+    """A `docker save` archive (manifest.json with RepoTags), as Docker or buildah write it."""
+    layer = wmrl_cluster._sibling("ociimage").layer(files)
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Entrypoint": entrypoint},
+                         "rootfs": {"type": "layers",
+                                    "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}
+                         }).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [repo_tag],
+                            "Layers": ["layer0/layer.tar"]}]).encode()
+    with tarfile.open(path, "w") as tar:
+        for name, data in (("manifest.json", manifest), (config_name, config),
+                           ("layer0/layer.tar", layer)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_docker_archive_imported_by_its_short_name_runs(k8s_cluster, real_node, ns, tmp_path):
+    nodetool = wmrl_cluster.own_image("nodetool")[1].with_name("nodetool")
+    tag = f"wmrl-test/docker-archive:{uuid.uuid4().hex[:8]}"
+    archive = _docker_archive(tmp_path / "img.tar", tag, {"/bin/tool": nodetool.read_bytes()},
+                              ["/bin/tool"])
+    # the CRI's name for a short name is the docker.io one, and that is what import gives
+    assert real_node.import_image(archive) == [f"docker.io/{tag}"]
+    pod = _pod(real_node, "docker-archive", [])
+    container = pod["spec"]["containers"][0]
+    del container["command"]  # the image's entrypoint
+    container.update(image=tag, args=["echo", "from", "docker"])
+    pod["spec"]["restartPolicy"] = "Never"
+    _apply(k8s_cluster, ns, pod)
+
+    def finished():
+        p = json.loads(k8s_cluster.kubectl("get", "pod", "docker-archive", "-n", ns, "-o",
+                                           "json").stdout)
+        return p if p["status"].get("phase") in ("Succeeded", "Failed") else None
+    assert _wait_for(finished, what="the pod to finish")["status"]["phase"] == "Succeeded"
+    assert k8s_cluster.kubectl("logs", "-n", ns, "docker-archive").stdout == "from docker\n"
 
 
 def test_pods_without_the_toleration_stay_on_kwok_nodes(k8s_cluster, real_node, ns):
