@@ -159,6 +159,19 @@ def test_a_docker_archive_imported_by_its_short_name_runs(k8s_cluster, real_node
     assert k8s_cluster.kubectl("logs", "-n", ns, "docker-archive").stdout == "from docker\n"
 
 
+def test_a_user_namespaced_pod_with_an_unmasked_proc_runs(k8s_cluster, real_node, ns):
+    """hostUsers: false (containerd 2 and runc 1.3 map the Pod's root to an unprivileged
+    range) with procMount: Unmasked, which the sandbox's namespaced isolation needs."""
+    pod = _pod(real_node, "userns", ["sleep"])
+    pod["spec"]["hostUsers"] = False
+    pod["spec"]["containers"][0]["securityContext"] = {"procMount": "Unmasked"}
+    _apply(k8s_cluster, ns, pod)
+    _ready_pod(k8s_cluster, ns, "userns")
+    inside, outside, count = _exec(k8s_cluster, ns, "userns", "cat",
+                                   "/proc/self/uid_map").stdout.split()
+    assert inside == "0" and int(outside) > 0 and int(count) == 65536
+
+
 def test_pods_without_the_toleration_stay_on_kwok_nodes(k8s_cluster, real_node, ns):
     pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"plain-{i}"},
              "spec": {"containers": [{"name": "main", "image": "busybox"}]}} for i in range(6)]
