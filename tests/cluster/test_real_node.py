@@ -7,6 +7,7 @@ import io
 import ipaddress
 import json
 import os
+import subprocess
 import tarfile
 import time
 import uuid
@@ -95,6 +96,22 @@ def test_node_registers_ready_labelled_and_tainted_beside_kwok(k8s_cluster, real
     assert info["containerRuntimeVersion"] == "containerd://" + versions["containerd"].lstrip("v")
     # the images the node was started with are there, under their full names
     assert set(real_node.images.values()) <= set(real_node.image_names())
+
+
+def test_node_binaries_report_their_versions(k8s_cluster, real_node):
+    v = k8s_cluster.versions
+
+    def out(name, flag="--version"):
+        return subprocess.run([str(wmrl_cluster.binary(name)), flag], capture_output=True,
+                              text=True, check=True).stdout
+    assert out("kubelet").strip() == f"Kubernetes {v['k8s']}"
+    assert out("kube-proxy").strip() == f"Kubernetes {v['k8s']}"
+    assert out("containerd").split()[2] == v["containerd"]
+    assert out("ctr").split()[2] == v["containerd"]
+    assert out("runc").splitlines()[0] == f"runc version {v['runc'].lstrip('v')}"
+    assert "libseccomp: 2." in out("runc")
+    assert out("coredns", "-version").splitlines()[0] == f"CoreDNS-{v['coredns'].lstrip('v')}"
+    assert real_node.ctr == wmrl_cluster.binary("ctr") and real_node.containerd_socket.is_socket()
 
 
 def test_pod_runs_on_the_bridge_with_logs_and_exec(k8s_cluster, real_node, ns):
