@@ -371,7 +371,7 @@ def kube_proxy_args(kubeconfig: Path, pod_cidr: str = POD_CIDR) -> List[str]:
             "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
             f"--healthz-bind-address=127.0.0.1:{PORTS['kube_proxy_healthz']}",
             f"--metrics-bind-address=127.0.0.1:{PORTS['kube_proxy_metrics']}",
-            "--iptables-localhost-nodeports=false", "--v=1"]
+            "--iptables-localhost-nodeports=false", "--nodeport-addresses=primary", "--v=1"]
 
 
 def coredns_args(lay: Layout) -> List[str]:
