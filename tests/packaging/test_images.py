@@ -1,4 +1,4 @@
-"""The Dockerfiles cannot be built here (no Docker engine); these checks keep them honest by reading.
+"""Checks on the Dockerfiles by reading them (tests/images builds them for real, with buildah).
 
 What they guard: every COPY source exists (a renamed folder breaks the build), the process runs
 as a numeric non-root user (so runAsNonRoot can verify it), and there is no ENTRYPOINT: the
@@ -58,8 +58,21 @@ def test_default_command_and_no_entrypoint(path, cmd):
 def test_installs_only_what_the_image_needs():
     operator_runs = " ".join(a for i, a in _instructions("operator/Dockerfile") if i == "RUN")
     assert "pip install . " in operator_runs + " " and "[train" not in operator_runs
-    trainer_runs = " ".join(a for i, a in _instructions("trainer/Dockerfile") if i == "RUN")
-    assert '".[train,gpu]"' in trainer_runs
+    trainer = _instructions("trainer/Dockerfile")
+    trainer_runs = " ".join(a for i, a in trainer if i == "RUN")
+    assert '".[${EXTRAS}]"' in trainer_runs
+    # The published image's extras stay the default; the CPU image passes EXTRAS=train.
+    assert ("ARG", "EXTRAS=train,gpu") in trainer
+
+
+@pytest.mark.parametrize("path,arg,default", [("operator/Dockerfile", "PYTHON_IMAGE", "python:3.11-slim"),
+                                              ("sandbox-image/Dockerfile", "PYTHON_IMAGE", "python:3.11-slim"),
+                                              ("trainer/Dockerfile", "BASE_IMAGE",
+                                               "nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04")])
+def test_the_base_image_is_a_build_argument_with_the_published_default(path, arg, default):
+    instructions = _instructions(path)
+    assert ("ARG", f"{arg}={default}") in instructions
+    assert [a for i, a in instructions if i == "FROM"] == [f"${{{arg}}}"]
 
 
 def _pyproject_pins() -> dict[str, str]:
