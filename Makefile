@@ -4,7 +4,7 @@
 #   make test         every test, against a real control plane built from source
 #   make generate     regenerate CRD copies, install.yaml and docs/api.md from the schema
 #   make lint         generated files up to date, helm lint, shell syntax, byte-compile
-#   make images       docker build of the operator, trainer and sandbox images
+#   make images       the operator, trainer and sandbox images (docker build, else buildah)
 #   make kind-e2e     kind cluster + images + chart + the operator e2e suite (needs Docker)
 
 SHELL := bash
@@ -72,10 +72,19 @@ lint: venv cluster
 	  if head -1 "$$f" | grep -q bash; then bash -n "$$f"; fi; done
 	$(PY) -m compileall -q wmrl operator trainer sandbox-image tests
 
+# With a Docker engine: docker build on the published bases (python:3.11-slim, nvidia/cuda).
+# Without one (no registry either): buildah on a local Debian python base, as docker-archive
+# tarballs under $${WMRL_CACHE:-~/.cache/wmrl}/images tagged docker.io/wmrl/<name>:dev (docs/images.md).
+LOCAL_IMAGES ?= operator sandbox trainer-cpu trainer
 images:
-	$(DOCKER) build -t $(OPERATOR_IMAGE) -f operator/Dockerfile .
-	$(DOCKER) build -t $(TRAINER_IMAGE) -f trainer/Dockerfile .
-	$(DOCKER) build -t $(SANDBOX_IMAGE) -f sandbox-image/Dockerfile .
+	@if $(DOCKER) info >/dev/null 2>&1; then \
+	  $(DOCKER) build -t $(OPERATOR_IMAGE) -f operator/Dockerfile . && \
+	  $(DOCKER) build -t $(TRAINER_IMAGE) -f trainer/Dockerfile . && \
+	  $(DOCKER) build -t $(SANDBOX_IMAGE) -f sandbox-image/Dockerfile .; \
+	else \
+	  echo "make images: no Docker engine: buildah and the local Debian base (docs/images.md)"; \
+	  $(PYTHON) tests/images/images.py build $(LOCAL_IMAGES); \
+	fi
 
 kind-e2e: venv cluster
 	OPERATOR_IMAGE=$(OPERATOR_IMAGE) TRAINER_IMAGE=$(TRAINER_IMAGE) SANDBOX_IMAGE=$(SANDBOX_IMAGE) \
