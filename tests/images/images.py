@@ -15,8 +15,8 @@ Everything lives under ``${WMRL_CACHE:-~/.cache/wmrl}/images``: the tarballs and
 records (``<name>.json``), build logs, and buildah's storage and configuration (buildah runs
 with ``--root``/``--runroot`` there and its own storage.conf, registries.conf and signature
 policy, so the host's container configuration and /var/lib/containers/storage are not used).
-Images are cached by :mod:`image_keys`; each build commits one layer over its base, and what a
-rebuild supersedes is pruned from the storage.
+Images are cached by :mod:`image_keys`; a rebuild reuses buildah's cache of the steps before
+the first changed COPY (``--layers``), and what it supersedes is pruned from the storage.
 docs/images.md has the design, the figures and the environment variables.
 """
 
@@ -168,7 +168,7 @@ class Buildah:
         return (proc.stdout.strip() or None) if proc.returncode == 0 else None
 
     def bud(self, context: Path, containerfile: Path, ref: str, build_args: dict[str, str], log: Path) -> None:
-        args = ["bud", "--pull=never", "--isolation", "chroot", "--network", "host",
+        args = ["bud", "--pull=never", "--layers", "--isolation", "chroot", "--network", "host",
                 "--signature-policy", str(self.policy), "-f", str(containerfile), "-t", ref]
         for key, value in build_args.items():
             args += ["--build-arg", f"{key}={value}"]
@@ -181,9 +181,14 @@ class Buildah:
         self("push", "--signature-policy", str(self.policy), ref, f"docker-archive:{tmp}:{ref}", log=log)
         tmp.rename(tarball)
 
-    def prune(self, log: Path) -> None:
-        """Remove images no tag names any more (what a rebuild superseded); their layers go with them."""
-        self("rmi", "--prune", log=log)
+    def prune(self, passes: int = 10) -> None:
+        """Remove what a rebuild superseded: untagged images that are no other image's parent.
+
+        One pass removes the old leaf; its cached parent steps become leaves for the next pass,
+        unless the new image still builds on them (``--layers``)."""
+        for _ in range(passes):
+            if not self("rmi", "--prune").strip():
+                return
 
     def load(self, tarball: Path, log: Path) -> None:
         self("pull", "--signature-policy", str(self.policy), f"docker-archive:{tarball}", log=log)
@@ -316,7 +321,7 @@ def ensure_base(buildah: Buildah, directory: Path) -> Built:
     buildah.save(BASE_REF, tarball, log)
     built = Built("base", BASE_REF, key, tarball, buildah.image_id(BASE_REF) or "", time.monotonic() - started)
     write_record(directory, built)
-    buildah.prune(log)
+    buildah.prune()
     _say(f"base built in {built.seconds:.0f} s")
     return built
 
@@ -342,7 +347,7 @@ def ensure_image(buildah: Buildah, spec: ImageSpec, base: Built, directory: Path
     buildah.save(spec.ref, tarball, log)
     built = Built(spec.name, spec.ref, key, tarball, buildah.image_id(spec.ref) or "", time.monotonic() - started)
     write_record(directory, built)
-    buildah.prune(log)
+    buildah.prune()
     _say(f"{spec.name} built in {built.seconds:.0f} s: {tarball} ({tarball.stat().st_size / 2**20:.0f} MiB)")
     return built
 
