@@ -9,13 +9,17 @@ result, :class:`Isolation`, decides how every execution is isolated and is repor
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Optional
 
-from wmrl_sandbox import namespaces, seccomp
+from wmrl_sandbox import seccomp
 from wmrl_sandbox.linux import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, mount,
                                 unshare)
+
+BWRAP_ENV = "WMRL_SANDBOX_BWRAP"
+"""Which bubblewrap to use (``--bwrap``); without it, ``bwrap`` on PATH."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class Isolation:
     ipc_namespace: bool = False
     bwrap: Optional[str] = None  # non-root mode: bubblewrap, when it can create the namespaces here
     seccomp: bool = False
+    bwrap_error: Optional[str] = None  # non-root: why bubblewrap cannot be used
 
     @property
     def mode(self) -> str:
@@ -43,6 +48,8 @@ class Isolation:
             "ipc_namespace": self.ipc_namespace or self.bwrap is not None,
             "pid_namespace": self.bwrap is not None,
             "seccomp": self.seccomp,
+            "bwrap": self.bwrap,
+            "bwrap_error": self.bwrap_error,
         }
 
 
@@ -62,32 +69,57 @@ def _probe(flags: int) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-def _probe_bwrap(bwrap: Optional[str]) -> Optional[str]:
-    """``bwrap`` when it can set up an execution's namespaces here (unprivileged user namespaces
-    allowed: not refused by sysctl, seccomp or AppArmor), else None."""
-    if not bwrap:
-        return None
+def resolve_bwrap(given: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """``(path, None)`` of the bubblewrap to use, or ``(None, why not)``.
+
+    ``given`` (``--bwrap``): a path, or a name looked up on PATH; None: ``$WMRL_SANDBOX_BWRAP``,
+    else ``bwrap`` on PATH.
+    """
+    wanted = given or os.environ.get(BWRAP_ENV) or "bwrap"
+    found = shutil.which(wanted)
+    if found:
+        return found, None
+    if "/" in wanted:
+        return None, f"bubblewrap: {wanted} is not an executable file (--bwrap / {BWRAP_ENV})"
+    return None, (f"bubblewrap: no {wanted!r} on PATH (install the bubblewrap package, or give its path with "
+                  f"--bwrap / {BWRAP_ENV})")
+
+
+def _probe_bwrap(bwrap: str) -> Optional[str]:
+    """None when ``bwrap`` can set up an execution's namespaces here (unprivileged user namespaces
+    allowed: not refused by sysctl, seccomp or AppArmor; a /proc it may mount), else why not."""
+    command = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--ro-bind", "/", "/",
+               "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"]
     try:
-        done = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                               "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"],
-                              capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap ({bwrap}) could not be run: {exc}"
+    if done.returncode == 0:
         return None
-    return bwrap if done.returncode == 0 else None
+    said = (done.stderr or done.stdout).strip()[-500:] or f"exit code {done.returncode}"
+    return f"bubblewrap ({bwrap}) cannot create an execution's namespaces here: {said}"
 
 
 def probe_isolation(bwrap: Optional[str] = None) -> Isolation:
-    """What this host allows. Root mode needs root; non-root mode uses ``bwrap`` (default: found on
-    PATH or through $WMRL_BWRAP) when it works here."""
+    """What this host allows. Root mode needs root; non-root mode uses bubblewrap
+    (:func:`resolve_bwrap` of ``bwrap``) when it works here."""
     as_root = os.geteuid() == 0
+    path = error = None
+    if not as_root:
+        path, error = resolve_bwrap(bwrap)
+        if path is not None:
+            error = _probe_bwrap(path)
+            if error is not None:
+                path = None
     return Isolation(
         as_root=as_root,
         network_namespace=as_root and _probe(CLONE_NEWNET),
         mount_namespace=as_root and _probe(CLONE_NEWNS),
         ipc_namespace=as_root and _probe(CLONE_NEWIPC),
-        bwrap=None if as_root else _probe_bwrap(bwrap or namespaces.find_bwrap()),
+        bwrap=path,
         seccomp=seccomp.supported(),
+        bwrap_error=error,
     )
 
 
-__all__ = ["Isolation", "probe_isolation"]
+__all__ = ["BWRAP_ENV", "Isolation", "probe_isolation", "resolve_bwrap"]

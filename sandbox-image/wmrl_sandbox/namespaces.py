@@ -28,9 +28,8 @@ import ctypes
 import json
 import os
 import select
-import shutil
 import signal
-from typing import Iterable, Optional
+from typing import Iterable
 
 from wmrl_sandbox.linux import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID,
                                 CLONE_NEWUSER, CLONE_NEWUTS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE,
@@ -38,11 +37,6 @@ from wmrl_sandbox.linux import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLO
                                 PR_CAP_AMBIENT_CLEAR_ALL, PR_SET_PDEATHSIG, check, libc, mount, unshare)
 
 INSIDE_UID = 1000
-BWRAP_ENV = "WMRL_BWRAP"  # where bwrap is when it is not on PATH (the tests' cached copy)
-
-
-def find_bwrap() -> Optional[str]:
-    return os.environ.get(BWRAP_ENV) or shutil.which("bwrap")
 
 
 def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, info_fd: int,

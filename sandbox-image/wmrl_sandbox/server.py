@@ -230,7 +230,7 @@ class SandboxServer:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, isolation: Optional[Isolation] = None,
                  python: str = sys.executable, uid_base: int = 62000, max_queue: Optional[int] = None,
                  max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT, warm_start: bool = True,
-                 cgroups_mode: str = "auto", cpus: float = 1.0):
+                 cgroups_mode: str = "auto", cpus: float = 1.0, bwrap: Optional[str] = None):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         max_queue = DEFAULT_QUEUE_PER_SLOT * slots if max_queue is None else max_queue
@@ -247,7 +247,7 @@ class SandboxServer:
         self.limits = limits
         self.max_body_bytes = max_body_bytes
         self.python = python
-        self.isolation = isolation or probe_isolation()
+        self.isolation = isolation or probe_isolation(bwrap)
         self.layers: Optional[dict[str, bool]] = None  # the self-test's findings (self_test)
         if self.isolation.as_root:
             check_searchable(self.work_root)
@@ -449,6 +449,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "files_truncated is set and the status is Failed")
     parser.add_argument("--uid-base", type=int, default=62000, help="first uid of the per-slot uids (root mode)")
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the code")
+    parser.add_argument("--bwrap", metavar="PATH", default=None,
+                        help="the bubblewrap that makes a non-root server's namespaces (default: $WMRL_SANDBOX_BWRAP, "
+                             "else bwrap on PATH)")
     parser.add_argument("--warm", action=argparse.BooleanOptionalAction,
                         default=_env("WMRL_SANDBOX_WARM", lambda v: v.lower() in ("1", "true"), True),
                         help="root mode: one fork server per slot with numpy, pandas, scipy and scikit-learn "
@@ -477,7 +480,7 @@ def main(args: argparse.Namespace) -> int:
         server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits,
                                max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base,
                                max_queue=args.max_queue, max_queue_wait=args.max_queue_wait,
-                               warm_start=args.warm, cgroups_mode=args.cgroups, cpus=args.cpus)
+                               warm_start=args.warm, cgroups_mode=args.cgroups, cpus=args.cpus, bwrap=args.bwrap)
         server.warm.wait_ready()  # so the self-test below checks the warm path's isolation too
         server.self_check()
         layers = server.self_test()
@@ -485,7 +488,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"wmrl sandbox serve: {exc}", file=sys.stderr)
         return 2
     missing = [layer for layer, holds in layers.items() if not holds]
-    print(f"wmrl sandbox: isolation mode {server.isolation.mode}; self-test: "
+    unavailable = f" ({server.isolation.bwrap_error})" if server.isolation.bwrap_error else ""
+    print(f"wmrl sandbox: isolation mode {server.isolation.mode}{unavailable}; self-test: "
           + ("every layer holds" if not missing else f"NOT holding: {', '.join(missing)}")
           + f"; warm starts: {_warm_line(server.warm.describe())}"
           + f"; cgroups: {_cgroups_line(server.cgroups.describe())}", flush=True)

@@ -1,9 +1,10 @@
-"""bubblewrap for the deployed-mode sandbox tests: the machine's ``bwrap``, or Debian's package
+"""bubblewrap for the deployed-mode sandbox tests: Debian's package, at a known version,
 unpacked once into ``${WMRL_CACHE:-~/.cache/wmrl}/bubblewrap/<version>/`` (no root, no install).
 
-The sandbox image installs the same package (``sandbox-image/Dockerfile``); the tests point the
-server at this copy through ``WMRL_BWRAP``. Fails loudly when neither is possible: the
-deployed mode is never silently left untested.
+The sandbox image installs the same package (``sandbox-image/Dockerfile``); the tests give the
+server this copy explicitly (``--bwrap``), never whatever ``bwrap`` the machine's PATH has, so
+they behave the same whether or not bubblewrap is installed system-wide. Fails loudly when the
+package cannot be had: the deployed mode is never silently left untested.
 """
 
 from __future__ import annotations
@@ -22,16 +23,13 @@ def cache_dir() -> Path:
 
 
 def ensure() -> str:
-    """Path of bwrap: on PATH, else the cached copy (unpacked on first use)."""
-    found = shutil.which("bwrap")
-    if found:
-        return found
+    """Path of the cached bwrap (unpacked on first use)."""
     target = cache_dir() / "usr" / "bin" / "bwrap"
     if target.is_file():
         return str(target)
     if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
-        raise RuntimeError("the deployed-mode sandbox tests need bubblewrap: install the 'bubblewrap' package "
-                           "(or put bwrap on PATH)")
+        raise RuntimeError(f"the deployed-mode sandbox tests need Debian's bubblewrap {VERSION}: apt-get and "
+                           f"dpkg-deb unpack it into {cache_dir()}")
     with tempfile.TemporaryDirectory() as tmp:
         # apt drops to its own user for downloads; a world-writable directory lets it write there.
         os.chmod(tmp, 0o777)

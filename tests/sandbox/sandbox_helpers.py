@@ -128,8 +128,8 @@ def start_server(mode: str, tmp_path_factory, slots: int = 1, *, uid: int, args:
     # setpriv looks the venv's interpreter up with root's access (it lives under /root here); the
     # executions use the system interpreter, which the server's uid can reach.
     prefix = ("setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups")
-    options = dict(slots=slots, work_root=str(work), env={**(env or {}), "WMRL_BWRAP": bubblewrap.copy_for(base)},
-                   args=args + ("--python", "/usr/bin/python3"))
+    options = dict(slots=slots, work_root=str(work), env=env,
+                   args=args + ("--python", "/usr/bin/python3", "--bwrap", bubblewrap.copy_for(base)))
     if delegate_cgroups:
         delegated = DelegatedCgroups(uid)
         return _DelegatedServer(delegated, prefix=delegated.prefix() + prefix, **options)

@@ -42,7 +42,7 @@ def test_bench_sandbox_measures_the_deployed_mode_as_another_uid(tmp_path):
     out = tmp_path / "bench.json"
     for directory in (tmp_path, tmp_path.parent, tmp_path.parent.parent):  # the uid reaches its bwrap copy
         os.chmod(directory, 0o755)
-    env = {**os.environ, "WMRL_BWRAP": bubblewrap.copy_for(tmp_path)}
+    env = {**os.environ, "WMRL_SANDBOX_BWRAP": bubblewrap.copy_for(tmp_path)}
     proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "sandbox", "--json", str(out),
                            "--iterations", "2", "--jobs", "2", "--servers", "1", "--warm-iterations", "1",
                            "--warm-jobs", "1", "--warm-servers", "1", "--as-uid", "61980", "--python", "/usr/bin/python3"],

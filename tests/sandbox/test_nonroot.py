@@ -33,7 +33,8 @@ def nonroot(tmp_path_factory):
     # runs as SERVER_UID; the server's children use the system interpreter, which that uid can run.
     prefix = ("setpriv", "--reuid", str(SERVER_UID), "--regid", str(SERVER_UID), "--clear-groups")
     with LocalServer(slots=1, work_root=str(root), prefix=prefix, env={"WMRL_TEST_SECRET": SECRET},
-                     args=("--nproc", "32", "--memory-mb", "512", "--python", "/usr/bin/python3")) as srv:
+                     args=("--nproc", "32", "--memory-mb", "512", "--python", "/usr/bin/python3",
+                           "--bwrap", str(root / "no-bwrap-here"))) as srv:
         yield srv
 
 
@@ -55,10 +56,13 @@ def marker_processes() -> list[int]:
 
 def test_nonroot_mode_is_reported(nonroot):
     health = nonroot.healthz()
-    # No bubblewrap given to this server: the fallback, with only what needs no privilege.
+    # A bubblewrap that does not exist given to this server (whatever the machine's PATH has): the
+    # fallback, with only what needs no privilege.
     assert health["isolation"] == {"mode": "unisolated", "uid_per_slot": False, "user_namespaces": False,
                                    "network_namespace": False, "mount_namespace": False, "ipc_namespace": False,
-                                   "pid_namespace": False, "seccomp": True}
+                                   "pid_namespace": False, "seccomp": True, "bwrap": None,
+                                   "bwrap_error": health["isolation"]["bwrap_error"]}
+    assert "no-bwrap-here is not an executable file" in health["isolation"]["bwrap_error"]
     # The self-test says what does not hold (the server was not started with --require-isolation).
     assert health["layers"]["seccomp"] and health["layers"]["no_new_privs"] and health["layers"]["capabilities"]
     assert not health["layers"]["reach_server"] and not health["layers"]["see_planted_files"]

@@ -68,7 +68,7 @@ def test_healthz_and_metrics(server):
     assert health["status"] == "ok" and health["slots"] == 1
     assert health["isolation"] == {"mode": "root", "uid_per_slot": True, "user_namespaces": False,
                                    "network_namespace": True, "mount_namespace": True, "ipc_namespace": True,
-                                   "pid_namespace": False, "seccomp": True}
+                                   "pid_namespace": False, "seccomp": True, "bwrap": None, "bwrap_error": None}
     assert health["layers"] and all(health["layers"].values()), health["layers"]
     run(server, "print('counted')")
     run(server, "import sys; sys.exit(3)")
