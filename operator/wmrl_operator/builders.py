@@ -521,6 +521,7 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         "env": [{"name": "WMRL_SANDBOX_SLOTS", "value": str(s.slots_per_pod)},
                 {"name": "WMRL_SANDBOX_TIMEOUT_SECONDS", "value": str(s.timeout_seconds)},
                 {"name": "WMRL_SANDBOX_WORK_DIR", "value": f"{WORK_DIR}/exec"},
+                {"name": "WMRL_SANDBOX_ISOLATION", "value": s.isolation},
                 {"name": "WMRL_SANDBOX_REQUIRE_ISOLATION", "value": str(namespaces).lower()},
                 {"name": "WMRL_SANDBOX_CGROUPS", "value": s.cgroups}],
         "ports": [{"name": "http", "containerPort": SANDBOX_PORT}],

@@ -4,6 +4,14 @@ Root mode needs root and, for each of its namespaces (network, mount, IPC), a ke
 ``unshare`` make it: each is tried in a throwaway child. Non-root mode needs bubblewrap to be
 able to create an execution's namespaces here (unprivileged user namespaces allowed). The
 result, :class:`Isolation`, decides how every execution is isolated and is reported on /healthz.
+
+What the server was asked for (``--isolation``, the values of ``spec.sandbox.isolation``):
+
+* ``namespaces``: every execution in namespaces of its own (root mode as root, bubblewrap
+  otherwise); :func:`missing` names what this host lacks of it, and the server refuses to start
+  while anything is missing (it never falls back to running executions unisolated by itself);
+* ``restricted``: executions run without namespaces of their own (``unisolated`` as a non-root
+  uid; bubblewrap is not even looked for), for a Pod whose runtime (gVisor, Kata) is the boundary.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from wmrl_sandbox import seccomp
 from wmrl_sandbox.linux import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, mount,
                                 unshare)
 
+MODES = ("namespaces", "restricted")
+"""``--isolation`` (``WMRL_SANDBOX_ISOLATION``): the values of ``spec.sandbox.isolation``."""
 BWRAP_ENV = "WMRL_SANDBOX_BWRAP"
 """Which bubblewrap to use (``--bwrap``); without it, ``bwrap`` on PATH."""
 
@@ -32,7 +42,8 @@ class Isolation:
     ipc_namespace: bool = False
     bwrap: Optional[str] = None  # non-root mode: bubblewrap, when it can create the namespaces here
     seccomp: bool = False
-    bwrap_error: Optional[str] = None  # non-root: why bubblewrap cannot be used
+    requested: str = "namespaces"  # --isolation
+    bwrap_error: Optional[str] = None  # non-root, namespaces requested: why bubblewrap cannot be used
 
     @property
     def mode(self) -> str:
@@ -41,6 +52,7 @@ class Isolation:
     def describe(self) -> dict:
         return {
             "mode": self.mode,
+            "requested": self.requested,
             "uid_per_slot": self.as_root,
             "user_namespaces": self.bwrap is not None,
             "network_namespace": self.network_namespace or self.bwrap is not None,
@@ -51,6 +63,24 @@ class Isolation:
             "bwrap": self.bwrap,
             "bwrap_error": self.bwrap_error,
         }
+
+
+def missing(isolation: Isolation) -> list[str]:
+    """What ``isolation.requested`` promises that this host does not give, in words (empty: all of it).
+
+    ``restricted`` promises no namespaces. ``namespaces`` promises, as root, a network, a mount and
+    an IPC namespace per execution (root mode); otherwise bubblewrap able to create them here.
+    """
+    if isolation.requested == "restricted":
+        return []
+    if isolation.as_root:
+        return [f"{name} namespace per execution (unshare({flag}) is refused here)"
+                for name, flag, there in (("a network", "CLONE_NEWNET", isolation.network_namespace),
+                                          ("a mount", "CLONE_NEWNS", isolation.mount_namespace),
+                                          ("an IPC", "CLONE_NEWIPC", isolation.ipc_namespace)) if not there]
+    if isolation.bwrap is None:
+        return [isolation.bwrap_error or "bubblewrap"]
+    return []
 
 
 def _probe(flags: int) -> bool:
@@ -100,12 +130,14 @@ def _probe_bwrap(bwrap: str) -> Optional[str]:
     return f"bubblewrap ({bwrap}) cannot create an execution's namespaces here: {said}"
 
 
-def probe_isolation(bwrap: Optional[str] = None) -> Isolation:
-    """What this host allows. Root mode needs root; non-root mode uses bubblewrap
-    (:func:`resolve_bwrap` of ``bwrap``) when it works here."""
+def probe_isolation(bwrap: Optional[str] = None, requested: str = "namespaces") -> Isolation:
+    """What this host allows for ``requested`` (:data:`MODES`). Root mode needs root; non-root
+    ``namespaces`` uses bubblewrap (:func:`resolve_bwrap` of ``bwrap``) when it works here."""
+    if requested not in MODES:
+        raise ValueError(f"--isolation must be one of {', '.join(MODES)}, got {requested!r}")
     as_root = os.geteuid() == 0
     path = error = None
-    if not as_root:
+    if not as_root and requested == "namespaces":
         path, error = resolve_bwrap(bwrap)
         if path is not None:
             error = _probe_bwrap(path)
@@ -118,8 +150,9 @@ def probe_isolation(bwrap: Optional[str] = None) -> Isolation:
         ipc_namespace=as_root and _probe(CLONE_NEWIPC),
         bwrap=path,
         seccomp=seccomp.supported(),
+        requested=requested,
         bwrap_error=error,
     )
 
 
-__all__ = ["BWRAP_ENV", "Isolation", "probe_isolation", "resolve_bwrap"]
+__all__ = ["BWRAP_ENV", "Isolation", "MODES", "missing", "probe_isolation", "resolve_bwrap"]

@@ -54,6 +54,7 @@ class LocalServer:
             lines.append(line)
             match = _LISTENING.search(line)
             if match:
+                self.log.extend(lines)  # the start-up lines (warnings, the self-test's) stay readable
                 # Keep draining the server's output so a chatty server never blocks on a full pipe.
                 threading.Thread(target=self._drain, daemon=True).start()
                 return match.group(1)

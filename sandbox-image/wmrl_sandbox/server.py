@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from wmrl_sandbox import cgroups, executor, linux, selftest, warm_slots
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Limits, RequestError
-from wmrl_sandbox.isolation import Isolation, probe_isolation
+from wmrl_sandbox.isolation import MODES as ISOLATION_MODES, Isolation, missing, probe_isolation
 from wmrl_sandbox.uids import UidPool, check_searchable
 
 log = logging.getLogger("wmrl.sandbox")
@@ -282,6 +282,9 @@ class SandboxServer:
         return app
 
     async def _cleanup(self, _app) -> None:
+        self.close()
+
+    def close(self) -> None:
         self.pool.shutdown(wait=True)
         self.warm.close()
         self.cgroups.close()
@@ -449,6 +452,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "files_truncated is set and the status is Failed")
     parser.add_argument("--uid-base", type=int, default=62000, help="first uid of the per-slot uids (root mode)")
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs the code")
+    parser.add_argument("--isolation", choices=ISOLATION_MODES, default=_env("WMRL_SANDBOX_ISOLATION", str, "namespaces"),
+                        help="namespaces (default): every execution in namespaces of its own (root mode as root, "
+                             "bubblewrap otherwise); the server refuses to start (exit 2, naming what is missing) where "
+                             "it cannot have them. restricted: executions run without namespaces of their own, for a Pod "
+                             "whose runtime (gVisor, Kata) is the boundary (env WMRL_SANDBOX_ISOLATION)")
     parser.add_argument("--bwrap", metavar="PATH", default=None,
                         help="the bubblewrap that makes a non-root server's namespaces (default: $WMRL_SANDBOX_BWRAP, "
                              "else bwrap on PATH)")
@@ -476,8 +484,22 @@ def main(args: argparse.Namespace) -> int:
                     max_output_bytes=args.max_output_bytes, max_fetch_bytes=args.max_fetch_bytes)
     if os.environ.get("TMPDIR"):  # the image points it into /work, an emptyDir that starts empty
         os.makedirs(os.environ["TMPDIR"], exist_ok=True)
+    if args.isolation not in ISOLATION_MODES:  # from the environment, which argparse does not check
+        print(f"wmrl sandbox serve: WMRL_SANDBOX_ISOLATION={args.isolation!r} is not one of "
+              f"{', '.join(ISOLATION_MODES)}", file=sys.stderr)
+        return 2
+    isolation = probe_isolation(args.bwrap, args.isolation)
+    gaps = missing(isolation)
+    if gaps:
+        return _refuse(isolation_refusal(isolation, gaps))
+    if isolation.mode == "unisolated":
+        print("wmrl sandbox serve: warning: --isolation restricted: executions run without namespaces of their own, "
+              "as this server's uid: they can signal the server, read its files and reach the network the server "
+              "reaches; only a boundary around the whole server (a gVisor or Kata runtimeClassName, the Pod's "
+              "NetworkPolicy) contains them", file=sys.stderr, flush=True)
+    server = None
     try:
-        server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits,
+        server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits, isolation=isolation,
                                max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base,
                                max_queue=args.max_queue, max_queue_wait=args.max_queue_wait,
                                warm_start=args.warm, cgroups_mode=args.cgroups, cpus=args.cpus, bwrap=args.bwrap)
@@ -485,20 +507,38 @@ def main(args: argparse.Namespace) -> int:
         server.self_check()
         layers = server.self_test()
     except (ValueError, RuntimeError, OSError) as exc:  # CgroupsUnavailable too
-        print(f"wmrl sandbox serve: {exc}", file=sys.stderr)
-        return 2
-    missing = [layer for layer, holds in layers.items() if not holds]
-    unavailable = f" ({server.isolation.bwrap_error})" if server.isolation.bwrap_error else ""
-    print(f"wmrl sandbox: isolation mode {server.isolation.mode}{unavailable}; self-test: "
-          + ("every layer holds" if not missing else f"NOT holding: {', '.join(missing)}")
+        if server is not None:
+            server.close()
+        return _refuse(str(exc))
+    failing = [layer for layer, holds in layers.items() if not holds]
+    print(f"wmrl sandbox: isolation mode {server.isolation.mode} (--isolation {server.isolation.requested}); self-test: "
+          + ("every layer holds" if not failing else f"NOT holding: {', '.join(failing)}")
           + f"; warm starts: {_warm_line(server.warm.describe())}"
           + f"; cgroups: {_cgroups_line(server.cgroups.describe())}", flush=True)
-    if missing and args.require_isolation:
-        print(f"wmrl sandbox serve: --require-isolation: these layers do not hold here: {', '.join(missing)} "
-              "(docs/sandbox.md: deployed mode needs unprivileged user namespaces, or run the server as root)",
-              file=sys.stderr)
-        return 2
+    if failing and args.require_isolation:
+        server.close()
+        return _refuse(f"--require-isolation: these layers do not hold here: {', '.join(failing)} "
+                       "(docs/sandbox.md: deployed mode needs unprivileged user namespaces, or run the server as root)")
     return asyncio.run(_serve(server, args.host, args.port))
+
+
+def isolation_refusal(isolation: Isolation, gaps: list[str]) -> str:
+    """Why a server asked for ``--isolation namespaces`` will not start, and what would let it."""
+    if isolation.as_root:
+        fix = "a kernel and runtime that let root unshare these namespaces"
+    else:
+        fix = ("bubblewrap and unprivileged user namespaces; in a Pod: hostUsers: false, procMount: Unmasked and "
+               "seccompProfile Unconfined, on a runtime that supports user namespaces (containerd 2 or CRI-O, "
+               "Linux 6.3+)")
+    return (f"isolation unavailable: --isolation namespaces needs {'; '.join(gaps)}. It needs {fix} "
+            "(docs/sandbox.md); or start with --isolation restricted to run executions without namespaces of their "
+            "own, inside a boundary of the server's own (a gVisor or Kata runtimeClassName)")
+
+
+def _refuse(message: str) -> int:
+    """The server will not serve: say why on stderr, exit 2."""
+    print(f"wmrl sandbox serve: {message}", file=sys.stderr, flush=True)
+    return 2
 
 
 def _cgroups_line(state: dict) -> str:

@@ -32,6 +32,9 @@ def test_run_writes_results_and_plot_and_stops_every_service(tmp_path, wmrl_env)
                           capture_output=True, text=True, env=wmrl_env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"results in {results}" in proc.stdout
+    # It says how its sandboxes isolate each execution (root here: a uid per slot and namespaces).
+    assert "wmrl run: sandboxes: isolation root (each execution: a uid of its own per slot, network, mount and " \
+        "IPC namespaces); every self-test layer holds" in proc.stdout, proc.stdout
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["finished"] and summary["steps_done"] == 2
     data = json.loads((results / "results.json").read_text())

@@ -184,13 +184,16 @@ def test_sandbox_pod_is_hardened():
     # The server's user namespaces need the runtime's seccomp profile off; executions get the server's filter.
     assert sc["seccompProfile"] == {"type": "Unconfined"} and "appArmorProfile" not in sc
     env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["WMRL_SANDBOX_ISOLATION"] == "namespaces"  # the server refuses to start without them
     assert env["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "true"
     assert env["WMRL_SANDBOX_CGROUPS"] == "auto"  # a cgroup per execution where the container's is delegated
     required = b.sandbox_deployment(RUN, spec(sandbox={"cgroups": "required"}))["spec"]["template"]["spec"]
     assert {e["name"]: e["value"] for e in required["containers"][0]["env"]}["WMRL_SANDBOX_CGROUPS"] == "required"
     restricted = b.sandbox_deployment(RUN, spec(sandbox={"isolation": "restricted"}))["spec"]["template"]["spec"]
     assert restricted["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert {e["name"]: e["value"] for e in restricted["containers"][0]["env"]}["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "false"
+    restricted_env = {e["name"]: e["value"] for e in restricted["containers"][0]["env"]}
+    assert restricted_env["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "false"
+    assert restricted_env["WMRL_SANDBOX_ISOLATION"] == "restricted"  # executions without namespaces, by choice
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert "/work" in mounts

@@ -379,7 +379,7 @@ def test_unisolated_mode_gets_no_cgroups_even_where_they_are_delegated(tmp_path_
         os.chown(root, uid, uid)
         setpriv = ("setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups")
         options = dict(slots=1, work_root=str(root), prefix=delegated.prefix() + setpriv,
-                       args=TEST_ARGS + ("--python", "/usr/bin/python3", "--bwrap", str(root / "no-bwrap-here")))
+                       args=TEST_ARGS + ("--python", "/usr/bin/python3", "--isolation", "restricted"))
         with LocalServer(**options) as srv:
             state = srv.healthz()["cgroups"]
             assert srv.healthz()["isolation"]["mode"] == "unisolated"

@@ -1,15 +1,18 @@
-"""The server as a non-root user where it cannot create namespaces (no bubblewrap, or user
-namespaces refused): the fallback, in which the layers that need no privilege still hold.
+"""The server as a non-root user without namespaces: it refuses to start unless told
+``--isolation restricted``, and then runs in the fallback, in which the layers that need no
+privilege still hold.
 
-Started with setpriv as an unprivileged uid and no bubblewrap. No per-execution uid or
-namespaces here; seccomp and no_new_privs, the process limit, the marker-based cleanup, the
-scrubbed environment and the limits remain, and /healthz says which layers do not hold. The
-deployed mode proper (bubblewrap) is tested by test_hostile.py.
+Started with setpriv as an unprivileged uid. No per-execution uid or namespaces here; seccomp
+and no_new_privs, the process limit, the marker-based cleanup, the scrubbed environment and the
+limits remain, and /healthz says which layers do not hold. The deployed mode proper
+(bubblewrap) is tested by test_hostile.py.
 """
 
 import base64
 import os
 import shutil
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -34,7 +37,7 @@ def nonroot(tmp_path_factory):
     prefix = ("setpriv", "--reuid", str(SERVER_UID), "--regid", str(SERVER_UID), "--clear-groups")
     with LocalServer(slots=1, work_root=str(root), prefix=prefix, env={"WMRL_TEST_SECRET": SECRET},
                      args=("--nproc", "32", "--memory-mb", "512", "--python", "/usr/bin/python3",
-                           "--bwrap", str(root / "no-bwrap-here"))) as srv:
+                           "--isolation", "restricted")) as srv:
         yield srv
 
 
@@ -54,15 +57,43 @@ def marker_processes() -> list[int]:
     return found
 
 
+def _serve_as_nonroot(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``wmrl sandbox serve`` as SERVER_UID, to its exit (one that started would time out the test)."""
+    for d in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
+        os.chmod(d, 0o755)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    os.chown(work, SERVER_UID, SERVER_UID)
+    return subprocess.run(["setpriv", "--reuid", str(SERVER_UID), "--regid", str(SERVER_UID), "--clear-groups",
+                           sys.executable, "-m", "wmrl.cli", "sandbox", "serve", "--host", "127.0.0.1", "--port", "0",
+                           "--work-root", str(work), "--python", "/usr/bin/python3", "--no-warm", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_without_bubblewrap_a_nonroot_server_refuses_to_start(tmp_path):
+    """Fail closed: no namespaces to be had and no --isolation restricted -> exit 2, naming what is
+    missing and the way out; it never falls back to unisolated executions by itself."""
+    gone = tmp_path / "no-bwrap-here"
+    done = _serve_as_nonroot(tmp_path, "--bwrap", str(gone))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"isolation unavailable: --isolation namespaces needs bubblewrap: {gone} is not an executable file" \
+        in done.stderr
+    assert "--isolation restricted" in done.stderr and "listening" not in done.stdout
+    # A bubblewrap that runs but cannot make the namespaces: its own words are passed on.
+    done = _serve_as_nonroot(tmp_path, "--bwrap", "/bin/false")
+    assert done.returncode == 2 and "bubblewrap (/bin/false) cannot create an execution's namespaces here: exit code 1" \
+        in done.stderr, done.stderr
+
+
 def test_nonroot_mode_is_reported(nonroot):
     health = nonroot.healthz()
-    # A bubblewrap that does not exist given to this server (whatever the machine's PATH has): the
-    # fallback, with only what needs no privilege.
-    assert health["isolation"] == {"mode": "unisolated", "uid_per_slot": False, "user_namespaces": False,
-                                   "network_namespace": False, "mount_namespace": False, "ipc_namespace": False,
-                                   "pid_namespace": False, "seccomp": True, "bwrap": None,
-                                   "bwrap_error": health["isolation"]["bwrap_error"]}
-    assert "no-bwrap-here is not an executable file" in health["isolation"]["bwrap_error"]
+    # --isolation restricted: the fallback, with only what needs no privilege (bubblewrap not looked for).
+    assert health["isolation"] == {"mode": "unisolated", "requested": "restricted", "uid_per_slot": False,
+                                   "user_namespaces": False, "network_namespace": False, "mount_namespace": False,
+                                   "ipc_namespace": False, "pid_namespace": False, "seccomp": True, "bwrap": None,
+                                   "bwrap_error": None}
+    assert any("warning: --isolation restricted: executions run without namespaces" in line for line in nonroot.log), \
+        nonroot.log
     # The self-test says what does not hold (the server was not started with --require-isolation).
     assert health["layers"]["seccomp"] and health["layers"]["no_new_privs"] and health["layers"]["capabilities"]
     assert not health["layers"]["reach_server"] and not health["layers"]["see_planted_files"]

@@ -66,7 +66,7 @@ def test_bad_bodies_are_json_errors(server, body, status):
 def test_healthz_and_metrics(server):
     health = server.healthz()
     assert health["status"] == "ok" and health["slots"] == 1
-    assert health["isolation"] == {"mode": "root", "uid_per_slot": True, "user_namespaces": False,
+    assert health["isolation"] == {"mode": "root", "requested": "namespaces", "uid_per_slot": True, "user_namespaces": False,
                                    "network_namespace": True, "mount_namespace": True, "ipc_namespace": True,
                                    "pid_namespace": False, "seccomp": True, "bwrap": None, "bwrap_error": None}
     assert health["layers"] and all(health["layers"].values()), health["layers"]

@@ -397,6 +397,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="torch CPU threads for the trainer (default: 1 for builtin policies, else torch's default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--sandbox-isolation", choices=("namespaces", "restricted"), default="namespaces",
+                        help="the sandbox servers' --isolation: namespaces (default; root mode as root, bubblewrap "
+                             "otherwise; they refuse to start without it) or restricted (executions run without "
+                             "namespaces of their own, as your uid)")
 
 
 def load_manifest(path: str | Path, seed: Optional[int] = None, steps: Optional[int] = None) -> RunConfig:
@@ -460,7 +464,9 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_sigint)
 
     try:
-        with LocalServices(args.sandboxes, results_dir / "logs", slots=config.spec.sandbox.slots_per_pod) as services:
+        with LocalServices(args.sandboxes, results_dir / "logs", slots=config.spec.sandbox.slots_per_pod,
+                           isolation=args.sandbox_isolation) as services:
+            print(f"wmrl run: sandboxes: {services.sandbox_isolation()}", flush=True)
             calibration_url = None
             if config.spec.mode is Mode.WMRL:
                 calibration_url = services.start_calibration(results_dir / "calibration-state.json",

@@ -122,10 +122,10 @@ class LocalServices:
     everything started is stopped on exit, in reverse order, even after an error.
     """
 
-    def __init__(self, sandboxes: int, log_dir: Path, slots: int = 1):
+    def __init__(self, sandboxes: int, log_dir: Path, slots: int = 1, isolation: str = "namespaces"):
         if sandboxes < 1:
             raise ValueError(f"--sandboxes must be >= 1, got {sandboxes}")
-        self.n_sandboxes, self.slots, self.log_dir = sandboxes, slots, log_dir
+        self.n_sandboxes, self.slots, self.log_dir, self.isolation = sandboxes, slots, log_dir, isolation
         self.services: list[Service] = []
         self.sandboxes: list[Service] = []
         self._work_root: Optional[str] = None
@@ -140,7 +140,8 @@ class LocalServices:
                 os.makedirs(root)
                 os.chmod(root, 0o711)
                 svc = Service(f"sandbox-{i}", _wmrl("sandbox", "serve", "--host", "127.0.0.1", "--port", str(port),
-                                                    "--slots", str(self.slots), "--work-root", root),
+                                                    "--slots", str(self.slots), "--work-root", root,
+                                                    "--isolation", self.isolation),
                               port, self.log_dir / f"sandbox-{i}.log")
                 self.services.append(svc)
                 self.sandboxes.append(svc)
@@ -155,6 +156,10 @@ class LocalServices:
     @property
     def sandbox_urls(self) -> list[str]:
         return [s.url for s in self.sandboxes]
+
+    def sandbox_isolation(self) -> str:
+        """How the sandboxes isolate each execution, in a line (from the first one's ``/healthz``)."""
+        return isolation_line(httpx.get(self.sandboxes[0].url + "/healthz", timeout=5.0).json())
 
     def start_calibration(self, state_file: Path, algorithm: Any, name: str = "calibration") -> Service:
         port = free_port()
@@ -189,6 +194,19 @@ class LocalServices:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def isolation_line(health: dict) -> str:
+    """A sandbox server's isolation (its ``/healthz``) in words: the mode, what it gives each
+    execution, and which self-test layers do not hold."""
+    iso = health.get("isolation") or {}
+    mode = iso.get("mode", "unknown")
+    given = {"root": "a uid of its own per slot, network, mount and IPC namespaces",
+             "namespaces": "user, PID, network, mount and IPC namespaces of its own (bubblewrap)",
+             "unisolated": "no namespaces of its own: it runs as the server's uid"}.get(mode, "")
+    failing = [layer for layer, holds in (health.get("layers") or {}).items() if not holds]
+    line = f"isolation {mode}" + (f" (each execution: {given})" if given else "")
+    return line + (f"; NOT holding: {', '.join(failing)}" if failing else "; every self-test layer holds")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
