@@ -3,7 +3,11 @@
 Each layer is checked by what it must prevent, from inside an execution, not by which
 mechanism the server believes it set up:
 
-* ``signal_server``: the program cannot signal the server process;
+* ``signal_server``: the program cannot signal the server process. It sends SIGURG to every
+  process it can name (each pid in its ``/proc``, the server's pid as the server knows it, and
+  ``kill(-1)``) and the server, which catches SIGURG meanwhile, checks that none arrived. No pid is
+  compared: in a PID namespace of its own the execution's pids mean nothing outside it (the server
+  may be PID 1 of its container while the execution has a PID 1 of its own);
 * ``reach_server``: it cannot connect to a socket the server listens on at loopback;
 * ``see_other_executions``: it cannot read a file planted in the work root the way an
   execution's own files lie there (directory 0711, work directory 0700, file 0600);
@@ -23,9 +27,11 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from typing import Callable
 
 from wmrl_sandbox import seccomp
@@ -34,16 +40,26 @@ LAYERS = ("signal_server", "reach_server", "see_other_executions", "see_planted_
           "no_new_privs", "seccomp", "user_namespaces")
 PLANTED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
+PROBE_SIGNAL = signal.SIGURG  # ignored by default: whatever the probe reaches besides the server is unharmed
+
 PROBE = r'''
-import ctypes, errno, json, os, socket, sys
+import ctypes, errno, json, os, signal, socket, sys
 server_pid, port, secret, numbers, planted = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), sys.argv[5:]
 libc = ctypes.CDLL(None, use_errno=True)
 out = {}
+named = {int(p) for p in os.listdir("/proc") if p.isdigit()} | {server_pid}
+signalled = []
+for pid in sorted(named - {os.getpid()}):
+    try:
+        os.kill(pid, signal.SIGURG)
+        signalled.append(pid)
+    except OSError:
+        pass
 try:
-    os.kill(server_pid, 0)
-    out["signal_server"] = False
+    os.kill(-1, signal.SIGURG)
 except OSError:
-    out["signal_server"] = True
+    pass
+out["signalled"] = signalled
 try:
     socket.create_connection(("127.0.0.1", port), timeout=2).close()
     out["reach_server"] = False
@@ -71,8 +87,12 @@ def run(execute: Callable[[str, list[str]], tuple[str, str]], work_root: str) ->
     """Run the probe through ``execute(code, argv) -> (stdout, stderr)`` (a normal execution).
 
     Plants a file in each world-writable directory and one like another execution's in
-    ``work_root``, and opens a loopback listener first; removes them afterwards. A probe that fails to run reports every layer as not holding.
+    ``work_root``, opens a loopback listener and catches :data:`PROBE_SIGNAL` first (so it must be
+    called on the main thread); undoes all of it afterwards. A probe that fails to run reports
+    every layer as not holding.
     """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("the sandbox self-test must run on the main thread (it catches a signal)")
     token = secrets.token_hex(6)
     planted = []
     for directory in PLANTED_DIRS:
@@ -94,16 +114,22 @@ def run(execute: Callable[[str, list[str]], tuple[str, str]], work_root: str) ->
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
+    received: list[int] = []
+    previous = signal.signal(PROBE_SIGNAL, lambda signum, _frame: received.append(signum))
     try:
         stdout, stderr = execute(PROBE, [str(os.getpid()), str(listener.getsockname()[1]), secret,
                                          json.dumps(seccomp.syscall_numbers()), *planted])
+        _run_pending_handlers()  # a signal the probe sent is pending by now: its handler runs here
         try:
             found = json.loads(stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             print(f"sandbox self-test: the probe failed: {stderr.strip()[-2000:]}", file=sys.stderr)
             found = {}
+        else:
+            found["signal_server"] = "signalled" in found and not received
         return {layer: bool(found.get(layer, False)) for layer in LAYERS}
     finally:
+        signal.signal(PROBE_SIGNAL, previous)
         listener.close()
         shutil.rmtree(other, ignore_errors=True)
         for path in planted:
@@ -111,3 +137,8 @@ def run(execute: Callable[[str, list[str]], tuple[str, str]], work_root: str) ->
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _run_pending_handlers() -> None:
+    """Python runs a caught signal's handler on the main thread at its next check, which entering
+    a Python function makes."""

@@ -97,6 +97,7 @@ def test_nonroot_mode_is_reported(nonroot):
     # The self-test says what does not hold (the server was not started with --require-isolation).
     assert health["layers"]["seccomp"] and health["layers"]["no_new_privs"] and health["layers"]["capabilities"]
     assert not health["layers"]["reach_server"] and not health["layers"]["see_planted_files"]
+    assert not health["layers"]["signal_server"]  # the probe's SIGURG reached the server
     assert health["uids"] == []
 
 
