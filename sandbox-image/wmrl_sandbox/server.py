@@ -46,7 +46,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from wmrl_sandbox import cgroups, executor, linux, selftest, warm_slots
+from wmrl_sandbox import cgroups, executor, imports, linux, selftest, warm_slots
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Limits, RequestError
 from wmrl_sandbox.isolation import MODES as ISOLATION_MODES, Isolation, missing, probe_isolation
 from wmrl_sandbox.uids import UidPool, check_searchable
@@ -393,6 +393,27 @@ class SandboxServer:
             raise RuntimeError("self-check failed: the execution did not run inside its cgroup "
                                f"({', '.join(self.cgroups.describe()['groups'])})")
 
+    def check_imports(self, modules: tuple[str, ...]) -> None:
+        """Import each of ``modules`` in a cold execution (:mod:`wmrl_sandbox.imports`); raise
+        RuntimeError saying which do not import there and why, the directory it cannot see first."""
+        if not modules:
+            return
+        outside = imports.locate(self.python, modules)
+        paths = imports.probe_paths(outside)
+        argv = [json.dumps(list(modules)), json.dumps(paths)]
+        program = f"import sys\nsys.argv[1:] = {argv!r}\n{imports.PROBE}"
+        result = self._execute(ExecutionRequest(code=program, run_timeout=min(120.0, self.limits.max_run_timeout)),
+                               self._free_slots[0], warm=False)
+        try:
+            found = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            detail = (result.stderr or result.stdout).strip()[-2000:]
+            raise RuntimeError(f"self-check failed: importing {', '.join(modules)} in an execution gave status "
+                               f"{result.status}, exit code {result.return_code}" + (f":\n{detail}" if detail else ""))
+        if found["failed"]:
+            raise RuntimeError("self-check failed: " + imports.diagnose(self.python, found["failed"], outside,
+                                                                        found["visible"]))
+
     def self_test(self) -> dict[str, bool]:
         """Check every isolation layer from inside an execution (:mod:`wmrl_sandbox.selftest`)."""
         def probe(code: str, argv: list[str]) -> tuple[str, str]:
@@ -403,10 +424,10 @@ class SandboxServer:
         self.layers = selftest.run(probe, self.work_root)
         return self.layers
 
-    def _execute(self, job: ExecutionRequest, slot: int) -> ExecutionResult:
+    def _execute(self, job: ExecutionRequest, slot: int, warm: bool = True) -> ExecutionResult:
         return executor.execute(job, work_root=self.work_root, uid=self._slot_uids[slot], isolation=self.isolation,
-                                limits=self.limits, python=self.python, warm=self.warm.for_slot(slot),
-                                groups=self.cgroups)
+                                limits=self.limits, python=self.python,
+                                warm=self.warm.for_slot(slot) if warm else None, groups=self.cgroups)
 
 
 def _env(name: str, cast, default):
@@ -464,6 +485,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=_env("WMRL_SANDBOX_WARM", lambda v: v.lower() in ("1", "true"), True),
                         help="root mode: one fork server per slot with numpy, pandas, scipy and scikit-learn "
                              "imported, forking each execution (default on; env WMRL_SANDBOX_WARM)")
+    parser.add_argument("--require-imports", metavar="MODULES", default=_env("WMRL_SANDBOX_REQUIRE_IMPORTS", str, ""),
+                        help="comma-separated modules that must import inside an execution (checked at start in a "
+                             "cold one; exit 2 naming what does not, and the directory an execution cannot see); "
+                             "default none; the image sets numpy,pandas,scipy,sklearn (env WMRL_SANDBOX_REQUIRE_IMPORTS)")
     parser.add_argument("--require-isolation", action="store_true",
                         default=_env("WMRL_SANDBOX_REQUIRE_ISOLATION", lambda v: v.lower() in ("1", "true"), False),
                         help="refuse to start unless the self-test finds every isolation layer holding "
@@ -484,6 +509,11 @@ def main(args: argparse.Namespace) -> int:
                     max_output_bytes=args.max_output_bytes, max_fetch_bytes=args.max_fetch_bytes)
     if os.environ.get("TMPDIR"):  # the image points it into /work, an emptyDir that starts empty
         os.makedirs(os.environ["TMPDIR"], exist_ok=True)
+    try:
+        required = imports.parse(args.require_imports)
+    except ValueError as exc:
+        print(f"wmrl sandbox serve: {exc}", file=sys.stderr)
+        return 2
     if args.isolation not in ISOLATION_MODES:  # from the environment, which argparse does not check
         print(f"wmrl sandbox serve: WMRL_SANDBOX_ISOLATION={args.isolation!r} is not one of "
               f"{', '.join(ISOLATION_MODES)}", file=sys.stderr)
@@ -505,6 +535,7 @@ def main(args: argparse.Namespace) -> int:
                                warm_start=args.warm, cgroups_mode=args.cgroups, cpus=args.cpus, bwrap=args.bwrap)
         server.warm.wait_ready()  # so the self-test below checks the warm path's isolation too
         server.self_check()
+        server.check_imports(required)
         layers = server.self_test()
     except (ValueError, RuntimeError, OSError) as exc:  # CgroupsUnavailable too
         if server is not None:
