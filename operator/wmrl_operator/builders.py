@@ -374,12 +374,12 @@ def _scratch() -> list[tuple[dict[str, Any], dict[str, Any]]]:
             for name, path in (("tmp", TRAINER_TMP), ("home", TRAINER_HOME), ("cache", TRAINER_CACHE))]
 
 
-def _place_on_trainer_nodes(pod_spec: dict[str, Any], trainer: Any) -> None:
-    """The trainer's node selector and tolerations (its GPU nodes), for the Pods that share them."""
-    if trainer.node_selector:
-        pod_spec["nodeSelector"] = dict(trainer.node_selector)
-    if trainer.tolerations:
-        pod_spec["tolerations"] = [tol.to_wire() for tol in trainer.tolerations]
+def _place(pod_spec: dict[str, Any], placed: Any) -> None:
+    """``placed``'s node selector and tolerations (a spec section that has them) on ``pod_spec``."""
+    if placed.node_selector:
+        pod_spec["nodeSelector"] = dict(placed.node_selector)
+    if placed.tolerations:
+        pod_spec["tolerations"] = [tol.to_wire() for tol in placed.tolerations]
 
 
 def _deployment(run: Run, name: str, component: str, replicas: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
@@ -465,7 +465,7 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
         "containers": [container],
         "volumes": volumes,
     }
-    _place_on_trainer_nodes(pod_spec, t)
+    _place(pod_spec, t)  # the trainer's nodes (its GPU pool)
     if t.nodes > 1:
         pod_spec["subdomain"] = name
     job_spec: dict[str, Any] = {
@@ -505,8 +505,10 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
     if namespaces:
         # Each execution gets its own user, PID, network, mount and IPC namespaces (bubblewrap), which
         # the runtime's default seccomp profile forbids; the executions themselves run under the
-        # server's own filter, which refuses what they could misuse (docs/sandbox.md).
-        container_sec = {**container_sec, "seccompProfile": {"type": "Unconfined"}}
+        # server's own filter, which refuses what they could misuse (docs/sandbox.md). bubblewrap mounts
+        # a /proc of each execution's PID namespace, which the kernel refuses over the runtime's masked
+        # /proc: procMount Unmasked, which the kubelet accepts only in a user namespace (hostUsers: false).
+        container_sec = {**container_sec, "seccompProfile": {"type": "Unconfined"}, "procMount": "Unmasked"}
     if opts.idle:
         replicas = 0
     elif opts.sandbox_replicas is None:
@@ -539,8 +541,11 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         "volumes": [{"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": _mi(work_mi)}},
                     {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": _mi(tmp_mi)}}],
     }
+    if namespaces:
+        pod_spec["hostUsers"] = False
     if s.runtime_class_name:
         pod_spec["runtimeClassName"] = s.runtime_class_name
+    _place(pod_spec, s)
     return _deployment(run, sandbox_name(run), "sandbox", replicas, pod_spec)
 
 
@@ -643,7 +648,7 @@ def rollout_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         container["resources"] = res
     pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "securityContext": pod_sec,
                                 "containers": [container], "volumes": [shm_volume] + [v for v, _ in scratch]}
-    _place_on_trainer_nodes(pod_spec, t)
+    _place(pod_spec, t)  # the trainer's nodes (its GPU pool)
     replicas = 0 if opts.idle else 1
     return _deployment(run, rollout_name(run), "rollout", replicas, pod_spec)
 
@@ -711,6 +716,8 @@ def calibration_objects(run: Run, spec: WMRLRunSpec, opts: Options = Options()) 
         "securityContext": container_sec,
     }
     deployment_labels = {**_calibration_meta(run, spec, c, uid)["labels"], **selector}
+    pod_spec: dict[str, Any] = {"serviceAccountName": c, "securityContext": pod_sec, "containers": [container]}
+    _place(pod_spec, spec.calibration)
     return [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _calibration_meta(run, spec, state)},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _calibration_meta(run, spec, c, uid)},
@@ -722,8 +729,7 @@ def calibration_objects(run: Run, spec: WMRLRunSpec, opts: Options = Options()) 
          "subjects": [{"kind": "ServiceAccount", "name": c, "namespace": run.namespace}]},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _calibration_meta(run, spec, c, uid),
          "spec": {"replicas": 1, "selector": {"matchLabels": selector},
-                  "template": {"metadata": {"labels": deployment_labels},
-                               "spec": {"serviceAccountName": c, "securityContext": pod_sec, "containers": [container]}}}},
+                  "template": {"metadata": {"labels": deployment_labels}, "spec": pod_spec}}},
         _service(_calibration_meta(run, spec, c, uid), selector, CALIBRATION_PORT, "http", headless=False),
         calibration_network_policy(run, spec, uid),
     ]

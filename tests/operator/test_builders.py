@@ -3,6 +3,7 @@
 import json
 import yaml
 import pytest
+from pydantic import ValidationError
 
 from wmrl.api.runconfig import RunConfig
 from wmrl.api.schema import parse_spec
@@ -74,6 +75,25 @@ def test_calibration_deployment_runs_the_service_on_its_configmap():
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["demo-calibration-state"],
                               "verbs": ["get", "update", "patch"]}]
     assert "data" not in objs[("ConfigMap", "demo-calibration-state")]  # the service owns the state
+    assert "nodeSelector" not in pod and "tolerations" not in pod  # anywhere, unless the spec places it
+
+
+def test_sandbox_and_calibration_pods_go_where_their_specs_place_them():
+    """Users put sandbox pools on CPU pools (and e2e tests on a tainted node): each section's own
+    nodeSelector and tolerations, not the trainer's."""
+    cpu = {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "cpu",
+                                                              "effect": "NoSchedule"}]}
+    objs = by_kind_name(b.children(RUN, spec(sandbox=cpu, calibration={"nodeSelector": {"pool": "small"},
+                                                                       "tolerations": [{"operator": "Exists"}]},
+                                             trainer={"nodeSelector": {"gpu": "h200"}})))
+    sandbox = objs[("Deployment", "demo-sandbox")]["spec"]["template"]["spec"]
+    assert sandbox["nodeSelector"] == {"pool": "cpu"}
+    assert sandbox["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}]
+    calibration = objs[("Deployment", "demo-calibration")]["spec"]["template"]["spec"]
+    assert calibration["nodeSelector"] == {"pool": "small"} and calibration["tolerations"] == [{"operator": "Exists"}]
+    assert objs[("Job", "demo-trainer")]["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "h200"}
+    with pytest.raises(ValidationError, match="effect"):
+        spec(sandbox={"tolerations": [{"key": "k", "effect": "Sometimes"}]})
 
 
 def _token_ref(container):
@@ -183,6 +203,10 @@ def test_sandbox_pod_is_hardened():
     assert sc["allowPrivilegeEscalation"] is False
     # The server's user namespaces need the runtime's seccomp profile off; executions get the server's filter.
     assert sc["seccompProfile"] == {"type": "Unconfined"} and "appArmorProfile" not in sc
+    # bubblewrap mounts each execution's /proc, which the kernel refuses over the runtime's masked one:
+    # procMount Unmasked, which the kubelet accepts only in a user namespace of the Pod's own.
+    assert sc["procMount"] == "Unmasked" and pod["hostUsers"] is False
+    assert sc["runAsNonRoot"] is True  # uid 10001 inside the Pod's user namespace: still checked
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["WMRL_SANDBOX_ISOLATION"] == "namespaces"  # the server refuses to start without them
     assert env["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "true"
@@ -191,6 +215,7 @@ def test_sandbox_pod_is_hardened():
     assert {e["name"]: e["value"] for e in required["containers"][0]["env"]}["WMRL_SANDBOX_CGROUPS"] == "required"
     restricted = b.sandbox_deployment(RUN, spec(sandbox={"isolation": "restricted"}))["spec"]["template"]["spec"]
     assert restricted["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "procMount" not in restricted["containers"][0]["securityContext"] and "hostUsers" not in restricted
     restricted_env = {e["name"]: e["value"] for e in restricted["containers"][0]["env"]}
     assert restricted_env["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "false"
     assert restricted_env["WMRL_SANDBOX_ISOLATION"] == "restricted"  # executions without namespaces, by choice

@@ -122,7 +122,12 @@ def test_every_child_is_accepted_and_keeps_its_pod_safety(psa_namespace):
     assert default_spec.sandbox.isolation == "namespaces"
     (sandbox_obj,) = [o for o in b.children(default_run, default_spec)
                       if o["kind"] == "Deployment" and o["metadata"]["name"] == "ns-sandbox"]
-    (warning,) = psa_violations(server_side_apply(kube, sandbox_obj)[1])
+    stored_default, warnings = server_side_apply(kube, sandbox_obj)
+    # What bubblewrap needs on a real node survives the apiserver (no feature gate drops it): a user
+    # namespace of the Pod's own and an unmasked /proc.
+    assert pod_spec(stored_default)["hostUsers"] is False
+    assert pod_spec(stored_default)["containers"][0]["securityContext"]["procMount"] == "Unmasked"
+    (warning,) = psa_violations(warnings)
     assert 'container "sandbox" must not set securityContext.seccompProfile.type to "Unconfined"' in warning, warning
     for other in ("allowPrivilegeEscalation", "capabilities", "runAsNonRoot", "AppArmor", "volume", "privileged"):
         assert other not in warning, warning

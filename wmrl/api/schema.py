@@ -298,11 +298,12 @@ class SandboxSpec(_Model):
     runtime_class_name: Optional[str] = Field(None, description="e.g. gvisor or kata for a stronger sandbox.")
     isolation: Literal["namespaces", "restricted"] = Field(
         "namespaces", description="namespaces: every execution in its own user, PID, network, mount and IPC "
-        "namespaces (bubblewrap) under the server's seccomp filter; the server refuses to start unless its self-test "
-        "finds every layer holding. Its container runs without the runtime's seccomp profile (which forbids user "
-        "namespaces), which Pod Security 'baseline' refuses: the namespace must allow 'privileged'. restricted: the Pod "
-        "meets Pod Security "
-        "'restricted' and executions run without namespaces of their own (pair it with runtimeClassName).")
+        "namespaces (bubblewrap) under the server's seccomp filter; the server refuses to start without them, or "
+        "unless its self-test finds every layer holding. The Pod runs in a user namespace of its own (hostUsers: "
+        "false) with an unmasked /proc and without the runtime's seccomp profile (which forbids user namespaces): "
+        "it needs a runtime with user namespaces (containerd 2 or CRI-O on Linux 6.3+), and Pod Security "
+        "'privileged' in its namespace. restricted: the Pod meets Pod Security 'restricted' and executions run "
+        "without namespaces of their own (pair it with runtimeClassName).")
     cgroups: Literal["auto", "required", "off"] = Field(
         "auto", description="A cgroup per execution, bounding the memory, tasks and CPU of all its processes "
         "together, where the container's cgroup is delegated to the server (writable). A Pod's is read-only by "
@@ -310,6 +311,9 @@ class SandboxSpec(_Model):
         "one (pair it with a runtime that delegates the container's cgroup); off: never.")
     scale_down_stabilization_seconds: int = Field(120, ge=0, le=86400)
     client_access: SandboxClientAccess = Field(default_factory=SandboxClientAccess)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Nodes the sandbox Pods may run on (a CPU pool, say); empty: any.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints the sandbox Pods tolerate.")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "SandboxSpec":
@@ -326,6 +330,10 @@ class CalibrationSpec(_Model):
         description="Share one calibration across runs by name; empty gives the run its own.",
     )
     image: Optional[str] = Field(None, description="Defaults to the operator's image.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Nodes the calibration service may run on; empty: any.")
+    tolerations: list[Toleration] = Field(default_factory=list,
+                                          description="Taints the calibration service's Pod tolerates.")
 
 
 class FailurePolicySpec(_Model):
