@@ -528,6 +528,9 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
                 {"name": "WMRL_SANDBOX_CGROUPS", "value": s.cgroups}],
         "ports": [{"name": "http", "containerPort": SANDBOX_PORT}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": SANDBOX_PORT}, "periodSeconds": 5},
+        # A server that refuses to start writes why to the termination message (else its last log lines
+        # stand in): the operator reads it into the run's SandboxReady condition.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_sec,
         "volumeMounts": [{"name": "work", "mountPath": WORK_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
     }

@@ -11,6 +11,9 @@ suspend patch returned):
    which children to write, and how to hold or release the trainer;
 3. :func:`report`: the status that says where the run is.
 
+Apart from those steps, the resync asks :func:`sandbox_readiness` whether the sandbox pool serves
+(the ``SandboxReady`` condition), from its Pods' status.
+
 Condition reasons and Event reasons are :mod:`wmrl.api.vocabulary`'s.
 """
 
@@ -18,17 +21,23 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from wmrl.api.schema import Phase, WMRLRunSpec
 from wmrl.api.vocabulary import (
     DEADLINE,
     INVALID_SPEC,
+    ISOLATION_UNAVAILABLE,
     MAX_RESTARTS,
     OWNERSHIP_CONFLICT,
     REFERENCE_MISSING,
     RESTARTING,
     RUNNING_CONDITION,
+    SANDBOX_ISOLATION_REFUSAL,
+    SANDBOX_PODS_FAILING,
+    SANDBOX_PODS_READY,
+    SANDBOX_PODS_STARTING,
+    SANDBOX_SCALED_TO_ZERO,
     TRAINER_COMPLETED,
     TRAINER_RESTARTED,
     WAITING_FOR_REFERENCES,
@@ -248,3 +257,86 @@ def report(spec: WMRLRunSpec, status: dict[str, Any], js: st.JobState, queue: Op
     if start:
         fields["startTime"] = start
     return Transition(phase, reason, message, fields=fields)
+
+
+# ---------------------------------------------------------------- the sandbox pool
+
+
+@dataclass(frozen=True)
+class SandboxReadiness:
+    """The ``SandboxReady`` condition: ``status`` True or False, ``reason``, ``message``."""
+
+    status: str
+    reason: str
+    message: str
+
+    @property
+    def failing(self) -> bool:
+        return self.reason in (ISOLATION_UNAVAILABLE, SANDBOX_PODS_FAILING)
+
+
+ISOLATION_SIGNS = (SANDBOX_ISOLATION_REFUSAL, "user namespace", "usernamespace", "userns", "hostusers", "procmount",
+                   "idmap", "can't mount proc")
+"""Words (lower case) in a Pod's failure that say the runtime cannot give the isolation: the server's
+refusal, the kubelet's ``user namespaces is not supported by the runtime``, a runtime refusing
+``procMount`` or an idmapped mount, bubblewrap's ``Can't mount proc``."""
+FAILING = ("CrashLoopBackOff", "CreateContainerError", "CreateContainerConfigError", "RunContainerError",
+           "StartError", "ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+"""Waiting reasons of a container that will not start by itself."""
+NAMESPACES_NEED = (
+    "isolation: namespaces needs a user namespace of the Pod's own (hostUsers: false) with an unmasked /proc "
+    "(procMount: Unmasked) and unprivileged user namespaces inside it: a runtime with user namespaces, containerd 2 "
+    "or CRI-O with runc 1.2+ or crun, on Linux 6.3+ (docs/sandbox.md). Alternatives: spec.sandbox.isolation: "
+    "restricted with a gVisor or Kata spec.sandbox.runtimeClassName (the runtime is then the boundary), or "
+    "spec.sandbox.nodeSelector for nodes whose runtime gives user namespaces")
+RESTRICTED_NEED = ("isolation: restricted runs each execution without namespaces of its own; check that "
+                   "spec.sandbox.runtimeClassName names a runtime the nodes have (docs/sandbox.md)")
+
+
+def _excerpt(text: str, limit: int = 600) -> str:
+    """The part of a (log-long) message that says why: from the server's refusal on, else its end."""
+    text = " ".join(text.split())
+    at = text.lower().find(SANDBOX_ISOLATION_REFUSAL)
+    if at >= 0:
+        return text[at:at + limit]
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _evidence(pod: st.PodState) -> list[str]:
+    """What a Pod says about why it does not serve, most telling first."""
+    said = [pod.terminated_message, pod.sandbox_error, pod.pod_message]
+    if pod.waiting_reason in FAILING and pod.waiting_message:
+        said.append(pod.waiting_message)
+    return [text for text in said if text]
+
+
+def sandbox_readiness(isolation: str, replicas: int, ready: int, replica_failure: str,
+                      pods: Sequence[st.PodState]) -> SandboxReadiness:
+    """Whether the pool serves (a ready Pod), and if not, why: the runtime cannot give ``isolation``
+    (IsolationUnavailable, naming the cause and the alternatives), its Pods fail for a reason of their
+    own (PodsFailing, naming it), it is at zero, or its Pods are still starting.
+
+    ``replicas``/``ready``: the sandbox Deployment's; ``replica_failure``: its ReplicaFailure message
+    (its Pods cannot even be created); ``pods``: its Pods (:func:`status.pod_state`).
+    """
+    if ready > 0:
+        return SandboxReadiness("True", SANDBOX_PODS_READY, f"{ready} of {replicas} sandbox Pods ready")
+    if replicas == 0:
+        return SandboxReadiness("False", SANDBOX_SCALED_TO_ZERO, "the sandbox pool is scaled to zero")
+    said = ([("the sandbox Deployment", replica_failure)] if replica_failure else []) + \
+        [(f"sandbox Pod {pod.name}", text) for pod in pods for text in _evidence(pod)]
+    need = NAMESPACES_NEED if isolation == "namespaces" else RESTRICTED_NEED
+    for where, text in said:
+        if any(sign in text.lower() for sign in ISOLATION_SIGNS):
+            return SandboxReadiness("False", ISOLATION_UNAVAILABLE, f"{where}: {_excerpt(text)}. {need}")
+    for pod in pods:
+        if pod.waiting_reason in FAILING or pod.sandbox_error or pod.pod_message:
+            why = pod.waiting_reason or ("FailedCreatePodSandBox" if pod.sandbox_error else "Failed")
+            detail = next(iter(_evidence(pod)), "")
+            restarts = f" (restarted {pod.restarts} times)" if pod.restarts else ""
+            return SandboxReadiness("False", SANDBOX_PODS_FAILING,
+                                    f"sandbox Pod {pod.name}: {why}{restarts}" + (f": {_excerpt(detail)}" if detail
+                                                                                 else ""))
+    if replica_failure:
+        return SandboxReadiness("False", SANDBOX_PODS_FAILING, f"the sandbox Deployment: {_excerpt(replica_failure)}")
+    return SandboxReadiness("False", SANDBOX_PODS_STARTING, f"0 of {replicas} sandbox Pods ready yet")

@@ -187,9 +187,11 @@ class Kube:
                 return None
             raise
 
-    async def list(self, api_version: str, kind: str, namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        result = await self.request("GET", path_for(api_version, kind, namespace), params=params)
+    async def list(self, api_version: str, kind: str, namespace: str, label_selector: str = "",
+                   field_selector: str = "") -> list[dict[str, Any]]:
+        params = {**({"labelSelector": label_selector} if label_selector else {}),
+                  **({"fieldSelector": field_selector} if field_selector else {})}
+        result = await self.request("GET", path_for(api_version, kind, namespace), params=params or None)
         return result.get("items", [])
 
     async def list_metadata(self, api_version: str, kind: str, namespace: Optional[str], label_selector: str = "",

@@ -13,6 +13,9 @@ Least privilege, and why each rule is there:
 - EndpointSlices get/list/watch: the trainer's Role grants it, and RBAC only lets a subject grant
   what it holds itself (no ``escalate``/``bind`` needed);
 - Events: transitions are posted as Events;
+- Pods and Events list: while no sandbox Pod is ready, the resync reads the pool's Pods (and the
+  kubelet's FailedCreatePodSandBox Events of those stuck being created) to say why on the run
+  (condition SandboxReady: a runtime that cannot give the isolation, a crash loop);
 - CRDs list/watch: kopf's resource discovery;
 - webhook configurations: only with ``--webhook``, and only the operator's own. kopf's managed
   mode (``settings.admission.managed``) creates a Validating *and* a Mutating
@@ -53,6 +56,7 @@ CLUSTER_ROLE_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "patch"]},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+    {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["list"]},
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
 ]

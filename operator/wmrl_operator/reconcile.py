@@ -9,6 +9,7 @@ here, the children through :class:`writer.ChildWriter`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import math
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from wmrl.api.runconfig import CALIBRATION_PORT
 from wmrl.api.schema import API_VERSION, KIND, PLURAL, Phase, WMRLRunSpec, field_errors, parse_spec
-from wmrl.api.vocabulary import KUEUE_JOB_UID_LABEL, RUNNING_CONDITION, SANDBOX_SCALED
+from wmrl.api.vocabulary import KUEUE_JOB_UID_LABEL, RUNNING_CONDITION, SANDBOX_READY_CONDITION, SANDBOX_SCALED
 from wmrl_operator import builders, decide, status as st
 from wmrl_operator.autoscaler import Recommendations, demand_of
 from wmrl_operator.children import Children
@@ -319,8 +320,42 @@ class Reconciler:
             await self.events(body, "Normal", SANDBOX_SCALED, f"sandbox pool scaled from {current} to {desired} "
                                                          f"(demand {demand_of(status)})")
         new = {k: v for k, v in new.items() if v is not None}
-        if old != new:
-            await self._patch_status(body, {"sandbox": new})
+        patch: dict[str, Any] = {"sandbox": new} if old != new else {}
+        readiness = await self._sandbox_readiness(run, spec, dep)
+        was = st.get_condition(status, SANDBOX_READY_CONDITION) or {}
+        if (was.get("status"), was.get("reason"), was.get("message")) != (readiness.status, readiness.reason,
+                                                                         readiness.message):
+            patch["conditions"] = st.set_condition(status.get("conditions") or [], SANDBOX_READY_CONDITION,
+                                                   readiness.status, readiness.reason, readiness.message,
+                                                   body["metadata"].get("generation"), st.now_iso())
+        if patch:
+            await self._patch_status(body, patch)
+        if readiness.failing and was.get("reason") != readiness.reason:
+            log.warning("sandbox not ready: %s", readiness.message,
+                        extra={"run": run.name, "namespace": run.namespace, "reason": readiness.reason})
+            await self.events(body, "Warning", readiness.reason, readiness.message)
+
+    async def _sandbox_readiness(self, run: builders.Run, spec: WMRLRunSpec,
+                                 dep: dict[str, Any]) -> decide.SandboxReadiness:
+        """Read what :func:`decide.sandbox_readiness` needs: the Deployment's figures, and only while no
+        Pod is ready, the pool's Pods and the kubelet's sandbox-creation Events of those stuck creating."""
+        replicas = int((dep.get("spec") or {}).get("replicas") or 0)
+        ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
+        pods: list[st.PodState] = []
+        if ready == 0 and replicas > 0:
+            selector = ",".join(f"{k}={v}" for k, v in builders.labels(run, "sandbox").items())
+            pods = [st.pod_state(p) for p in await self.kube.list("v1", "Pod", run.namespace, selector)]
+            if any(p.creating for p in pods):
+                events = await self.kube.list("v1", "Event", run.namespace,
+                                              field_selector="involvedObject.kind=Pod,reason=FailedCreatePodSandBox")
+                latest: dict[str, tuple[str, str]] = {}
+                for e in events:
+                    name, when = e["involvedObject"].get("name", ""), e.get("lastTimestamp") or e.get("eventTime") or ""
+                    if when >= latest.get(name, ("", ""))[0]:
+                        latest[name] = (when, e.get("message", ""))
+                pods = [dataclasses.replace(p, sandbox_error=latest[p.name][1]) if p.creating and p.name in latest
+                        else p for p in pods]
+        return decide.sandbox_readiness(spec.sandbox.isolation, replicas, ready, st.replica_failure(dep), pods)
 
     # ------------------------------------------------------------ I/O helpers
 

@@ -78,6 +78,55 @@ def job_state(job: Optional[dict[str, Any]]) -> JobState:
     return JobState("pending", uid=uid)
 
 
+@dataclass(frozen=True)
+class PodState:
+    """What a sandbox Pod's status says about why it does (not) serve (:func:`pod_state`)."""
+
+    name: str
+    ready: bool = False
+    creating: bool = False  # its container is still being created (ContainerCreating, no status yet)
+    waiting_reason: str = ""  # CrashLoopBackOff, CreateContainerError, RunContainerError, ...
+    waiting_message: str = ""
+    terminated_message: str = ""  # its container's last termination message (the server's refusal)
+    exit_code: Optional[int] = None
+    restarts: int = 0
+    pod_message: str = ""  # the Pod's own reason and message (rejected at admission, evicted)
+    sandbox_error: str = ""  # the kubelet's last FailedCreatePodSandBox Event (added by the reader)
+
+
+def pod_state(pod: dict[str, Any]) -> PodState:
+    """A Pod as :class:`PodState` (its first container: the sandbox Pod has one)."""
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    containers = status.get("containerStatuses") or []
+    first = containers[0] if containers else {}
+    waiting = (first.get("state") or {}).get("waiting") or {}
+    terminated = (first.get("state") or {}).get("terminated") or (first.get("lastState") or {}).get("terminated") or {}
+    scheduled = conditions.get("PodScheduled") == "True"
+    creating = status.get("phase") == "Pending" and scheduled and (not containers or waiting.get("reason") in (
+        "ContainerCreating", "PodInitializing"))
+    own = ": ".join(part for part in (status.get("reason"), status.get("message")) if part)
+    return PodState(
+        name=(pod.get("metadata") or {}).get("name", ""),
+        ready=conditions.get("Ready") == "True",
+        creating=creating,
+        waiting_reason=waiting.get("reason", ""),
+        waiting_message=waiting.get("message", ""),
+        terminated_message=(terminated.get("message") or "").strip(),
+        exit_code=terminated.get("exitCode"),
+        restarts=int(first.get("restartCount") or 0),
+        pod_message=own,
+    )
+
+
+def replica_failure(deployment: dict[str, Any]) -> str:
+    """A Deployment's ReplicaFailure condition message (its ReplicaSet cannot create Pods), or ""."""
+    for cond in (deployment.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            return cond.get("message") or cond.get("reason") or "ReplicaFailure"
+    return ""
+
+
 def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
                   generation: Optional[int], now: str) -> list[dict[str, Any]]:
     """A new list with ``type_`` set; lastTransitionTime moves only when the status flips."""

@@ -46,6 +46,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from wmrl.api.vocabulary import SANDBOX_ISOLATION_REFUSAL
 from wmrl_sandbox import cgroups, executor, imports, linux, selftest, warm_slots
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Limits, RequestError
 from wmrl_sandbox.isolation import MODES as ISOLATION_MODES, Isolation, missing, probe_isolation
@@ -57,6 +58,7 @@ DEFAULT_PORT = 8080
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 DEFAULT_QUEUE_PER_SLOT = 16
 DEFAULT_MAX_QUEUE_WAIT = 60.0
+TERMINATION_LOG = "/dev/termination-log"  # the kubelet's default terminationMessagePath
 
 
 class RunCodeRequest(BaseModel):
@@ -548,7 +550,8 @@ def main(args: argparse.Namespace) -> int:
           + f"; cgroups: {_cgroups_line(server.cgroups.describe())}", flush=True)
     if failing and args.require_isolation:
         server.close()
-        return _refuse(f"--require-isolation: these layers do not hold here: {', '.join(failing)} "
+        return _refuse(f"{SANDBOX_ISOLATION_REFUSAL}: --require-isolation: these layers do not hold here: "
+                       f"{', '.join(failing)} "
                        "(docs/sandbox.md: deployed mode needs unprivileged user namespaces, or run the server as root)")
     return asyncio.run(_serve(server, args.host, args.port))
 
@@ -561,14 +564,25 @@ def isolation_refusal(isolation: Isolation, gaps: list[str]) -> str:
         fix = ("bubblewrap and unprivileged user namespaces; in a Pod: hostUsers: false, procMount: Unmasked and "
                "seccompProfile Unconfined, on a runtime that supports user namespaces (containerd 2 or CRI-O, "
                "Linux 6.3+)")
-    return (f"isolation unavailable: --isolation namespaces needs {'; '.join(gaps)}. It needs {fix} "
+    return (f"{SANDBOX_ISOLATION_REFUSAL}: --isolation namespaces needs {'; '.join(gaps)}. It needs {fix} "
             "(docs/sandbox.md); or start with --isolation restricted to run executions without namespaces of their "
             "own, inside a boundary of the server's own (a gVisor or Kata runtimeClassName)")
 
 
 def _refuse(message: str) -> int:
-    """The server will not serve: say why on stderr, exit 2."""
+    """The server will not serve: say why on stderr and in the Pod's termination message, exit 2.
+
+    The kubelet makes the termination message file (``$WMRL_SANDBOX_TERMINATION_LOG``, default
+    ``/dev/termination-log``) before the container starts; where there is none (not in a Pod),
+    nothing is written."""
     print(f"wmrl sandbox serve: {message}", file=sys.stderr, flush=True)
+    path = os.environ.get("WMRL_SANDBOX_TERMINATION_LOG") or TERMINATION_LOG
+    try:
+        with open(path, "r+") as fh:  # never created: only the kubelet's file is written
+            fh.truncate()
+            fh.write(f"wmrl sandbox serve: {message}"[:4000])  # the kubelet keeps 4096 bytes
+    except OSError:
+        pass
     return 2
 
 

@@ -29,3 +29,12 @@ def test_condition_types_and_reasons_keep_the_names_docs_operator_md_lists():
                        "MaxRestartsExceeded", "DeadlineExceeded")
     assert (v.NOT_SUSPENDED, v.NOT_COMPLETE, v.NOT_FAILED) == ("NotSuspended", "NotComplete", "NotFailed")
     assert (v.TRAINER_RESTARTED, v.SANDBOX_SCALED) == ("TrainerRestarted", "SandboxScaled")  # Event reasons
+
+
+def test_the_sandbox_condition_and_its_reasons_keep_their_names():
+    assert v.SANDBOX_READY_CONDITION == "SandboxReady" and v.SANDBOX_READY_CONDITION not in v.CONDITION_TYPES
+    assert (v.SANDBOX_PODS_READY, v.SANDBOX_PODS_STARTING, v.SANDBOX_SCALED_TO_ZERO, v.SANDBOX_PODS_FAILING,
+            v.ISOLATION_UNAVAILABLE) == ("PodsReady", "PodsStarting", "ScaledToZero", "PodsFailing",
+                                         "IsolationUnavailable")
+    # Between the sandbox server (its termination message) and the operator (which reads it).
+    assert v.SANDBOX_ISOLATION_REFUSAL == "isolation unavailable"

@@ -220,6 +220,9 @@ def test_sandbox_pod_is_hardened():
     assert restricted_env["WMRL_SANDBOX_REQUIRE_ISOLATION"] == "false"
     assert restricted_env["WMRL_SANDBOX_ISOLATION"] == "restricted"  # executions without namespaces, by choice
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
+    # A server that refuses to start says why in its termination message (else its last log lines):
+    # the operator reads it into the run's SandboxReady condition.
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert "/work" in mounts
     vols = {v["name"]: v for v in pod["volumes"]}

@@ -206,3 +206,92 @@ def test_missing_references_and_conflicts_never_change_a_running_trainers_phase(
     t = decide.report(spec(), status(), st.JobState("running"), None, ["spec.tasks.pvc: gone"], ["Deployment c"], 0, STARTED)
     assert (t.phase, t.reason, t.message) == ("Running", v.OWNERSHIP_CONFLICT,
                                               "Deployment c (left untouched; phase Running unchanged)")
+
+
+# ---------------------------------------------------------------- the sandbox pool
+
+
+REFUSAL = ("wmrl sandbox serve: isolation unavailable: --isolation namespaces needs bubblewrap (/usr/bin/bwrap) "
+           "cannot create an execution's namespaces here: bwrap: Can't mount proc on /newroot/proc: Operation not "
+           "permitted. It needs bubblewrap and unprivileged user namespaces ...")
+
+
+def crash_looping(name="r-sandbox-abc", message=REFUSAL, restarts=4):
+    return st.PodState(name, waiting_reason="CrashLoopBackOff", waiting_message="back-off 40s restarting failed "
+                       "container=sandbox", terminated_message=message, exit_code=2, restarts=restarts)
+
+
+def test_a_ready_pod_makes_the_pool_ready_whatever_the_others_do():
+    r = decide.sandbox_readiness("namespaces", 3, 1, "", [crash_looping()])
+    assert (r.status, r.reason, r.message, r.failing) == ("True", v.SANDBOX_PODS_READY, "1 of 3 sandbox Pods ready",
+                                                          False)
+
+
+def test_the_servers_refusal_is_isolation_unavailable_with_its_cause_and_the_alternatives():
+    r = decide.sandbox_readiness("namespaces", 1, 0, "", [crash_looping()])
+    assert (r.status, r.reason, r.failing) == ("False", v.ISOLATION_UNAVAILABLE, True)
+    assert r.message.startswith("sandbox Pod r-sandbox-abc: isolation unavailable: --isolation namespaces needs "
+                                "bubblewrap (/usr/bin/bwrap) cannot create an execution's namespaces here: bwrap: "
+                                "Can't mount proc")
+    assert "hostUsers: false" in r.message and "containerd 2" in r.message
+    assert "spec.sandbox.isolation: restricted with a gVisor or Kata spec.sandbox.runtimeClassName" in r.message
+
+
+def test_the_refusal_is_found_in_the_logs_the_kubelet_keeps_instead():
+    """FallbackToLogsOnError: the termination message is the log's last lines; the refusal is cut out of them."""
+    logs = "\n".join([f"2026-01-01 00:00:0{i} INFO wmrl.sandbox: line {i}" for i in range(8)] + [REFUSAL])
+    r = decide.sandbox_readiness("namespaces", 1, 0, "", [crash_looping(message=logs)])
+    assert r.reason == v.ISOLATION_UNAVAILABLE
+    assert r.message.startswith("sandbox Pod r-sandbox-abc: isolation unavailable: --isolation namespaces")
+
+
+@pytest.mark.parametrize("pod", [
+    # containerd 1.6 and the like: the kubelet cannot even make the Pod's sandbox (stuck ContainerCreating).
+    st.PodState("p", creating=True, sandbox_error="Failed to create pod sandbox: user namespaces is not supported "
+                                                  "by the runtime"),
+    # A runtime that refuses the unmasked /proc when it creates the container.
+    st.PodState("p", waiting_reason="CreateContainerError", waiting_message="failed to generate spec: procMount "
+                                                                            "Unmasked is not supported"),
+    # Admitted to a node whose kubelet refuses user namespaces.
+    st.PodState("p", pod_message="UnexpectedAdmissionError: pod requested a user namespace (hostUsers: false), but "
+                                 "the feature gate UserNamespacesSupport is disabled"),
+])
+def test_a_runtime_without_user_namespaces_is_isolation_unavailable(pod):
+    r = decide.sandbox_readiness("namespaces", 2, 0, "", [st.PodState("starting"), pod])
+    assert r.reason == v.ISOLATION_UNAVAILABLE and r.message.startswith("sandbox Pod p: ")
+    assert "gVisor or Kata" in r.message
+
+
+def test_pods_failing_for_a_reason_of_their_own_say_which():
+    bad_env = crash_looping(message="wmrl sandbox serve: WMRL_SANDBOX_TIMEOUT_SECONDS='soon' is not a valid float",
+                            restarts=3)
+    r = decide.sandbox_readiness("namespaces", 1, 0, "", [bad_env])
+    assert (r.reason, r.failing) == (v.SANDBOX_PODS_FAILING, True)
+    assert r.message == ("sandbox Pod r-sandbox-abc: CrashLoopBackOff (restarted 3 times): wmrl sandbox serve: "
+                         "WMRL_SANDBOX_TIMEOUT_SECONDS='soon' is not a valid float")
+    pull = st.PodState("q", waiting_reason="ImagePullBackOff", waiting_message="Back-off pulling image \"x\"")
+    assert decide.sandbox_readiness("namespaces", 1, 0, "", [pull]).message == \
+        'sandbox Pod q: ImagePullBackOff: Back-off pulling image "x"'
+
+
+def test_a_deployment_that_cannot_make_pods_says_why():
+    forbidden = 'pods "r-sandbox-1" is forbidden: violates PodSecurity "baseline:latest": seccompProfile'
+    r = decide.sandbox_readiness("namespaces", 1, 0, forbidden, [])
+    assert r.reason == v.SANDBOX_PODS_FAILING and r.message == f"the sandbox Deployment: {forbidden}"
+    dropped = 'Pod "r-sandbox-1" is invalid: spec.containers[0].securityContext.procMount: Invalid value: "Unmasked"'
+    assert decide.sandbox_readiness("namespaces", 1, 0, dropped, []).reason == v.ISOLATION_UNAVAILABLE
+
+
+def test_starting_and_scaled_to_zero_are_not_failures():
+    r = decide.sandbox_readiness("namespaces", 2, 0, "", [st.PodState("a", creating=True), st.PodState("b")])
+    assert (r.status, r.reason, r.message, r.failing) == ("False", v.SANDBOX_PODS_STARTING,
+                                                          "0 of 2 sandbox Pods ready yet", False)
+    r = decide.sandbox_readiness("namespaces", 0, 0, "", [crash_looping()])  # terminating leftovers
+    assert (r.reason, r.failing) == (v.SANDBOX_SCALED_TO_ZERO, False)
+
+
+def test_restricted_isolation_points_at_the_runtime_class():
+    r = decide.sandbox_readiness("restricted", 1, 0, "", [st.PodState("p", creating=True, sandbox_error=(
+        "Failed to create pod sandbox: user namespaces is not supported by the runtime"))])
+    assert r.reason == v.ISOLATION_UNAVAILABLE and "spec.sandbox.runtimeClassName" in r.message
+    assert "hostUsers" not in r.message

@@ -76,3 +76,33 @@ def test_deadline_and_ttl():
     assert st.ttl_expired("2026-01-01T00:00:00Z", 0, now)
     assert not st.ttl_expired("2026-01-01T00:00:00Z", None, now)
     assert not st.ttl_expired(None, 0, now)
+
+
+def test_a_sandbox_pods_status_is_read_for_why_it_does_not_serve():
+    """A crash-looping Pod as the kubelet reports it: the server's termination message is in lastState."""
+    pod = {"metadata": {"name": "r-sandbox-7d9-x2"},
+           "status": {"phase": "Running",
+                      "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+                      "containerStatuses": [{
+                          "name": "sandbox", "ready": False, "restartCount": 5,
+                          "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                                "message": "back-off 2m40s restarting failed container=sandbox"}},
+                          "lastState": {"terminated": {"exitCode": 2, "reason": "Error",
+                                                       "message": "wmrl sandbox serve: isolation unavailable: x\n"}}}]}}
+    p = st.pod_state(pod)
+    assert (p.name, p.ready, p.creating, p.waiting_reason, p.exit_code, p.restarts) == (
+        "r-sandbox-7d9-x2", False, False, "CrashLoopBackOff", 2, 5)
+    assert p.terminated_message == "wmrl sandbox serve: isolation unavailable: x"
+    creating = st.pod_state({"metadata": {"name": "c"}, "status": {
+        "phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [{"name": "sandbox", "state": {"waiting": {"reason": "ContainerCreating"}}}]}})
+    assert creating.creating and not creating.ready
+    unscheduled = st.pod_state({"metadata": {"name": "u"}, "status": {
+        "phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}})
+    assert not unscheduled.creating
+    rejected = st.pod_state({"metadata": {"name": "r"}, "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                                                                  "message": "user namespaces"}})
+    assert rejected.pod_message == "UnexpectedAdmissionError: user namespaces"
+    assert st.replica_failure({"status": {"conditions": [{"type": "ReplicaFailure", "status": "True",
+                                                          "message": "forbidden"}]}}) == "forbidden"
+    assert st.replica_failure({"status": {}}) == ""

@@ -57,7 +57,7 @@ def marker_processes() -> list[int]:
     return found
 
 
-def _serve_as_nonroot(tmp_path, *args: str) -> subprocess.CompletedProcess:
+def _serve_as_nonroot(tmp_path, *args: str, env=None) -> subprocess.CompletedProcess:
     """``wmrl sandbox serve`` as SERVER_UID, to its exit (one that started would time out the test)."""
     for d in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
         os.chmod(d, 0o755)
@@ -67,20 +67,28 @@ def _serve_as_nonroot(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["setpriv", "--reuid", str(SERVER_UID), "--regid", str(SERVER_UID), "--clear-groups",
                            sys.executable, "-m", "wmrl.cli", "sandbox", "serve", "--host", "127.0.0.1", "--port", "0",
                            "--work-root", str(work), "--python", "/usr/bin/python3", "--no-warm", *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
 
 
 def test_without_bubblewrap_a_nonroot_server_refuses_to_start(tmp_path):
     """Fail closed: no namespaces to be had and no --isolation restricted -> exit 2, naming what is
     missing and the way out; it never falls back to unisolated executions by itself."""
     gone = tmp_path / "no-bwrap-here"
-    done = _serve_as_nonroot(tmp_path, "--bwrap", str(gone))
+    # The kubelet's termination message file, made before the container starts: the refusal is written there.
+    termination = tmp_path / "termination-log"
+    termination.write_text("")
+    os.chown(termination, SERVER_UID, SERVER_UID)
+    done = _serve_as_nonroot(tmp_path, "--bwrap", str(gone), env={"WMRL_SANDBOX_TERMINATION_LOG": str(termination)})
     assert done.returncode == 2, done.stdout + done.stderr
+    assert termination.read_text() == done.stderr.strip()
+    assert termination.read_text().startswith("wmrl sandbox serve: isolation unavailable: ")
     assert f"isolation unavailable: --isolation namespaces needs bubblewrap: {gone} is not an executable file" \
         in done.stderr
     assert "--isolation restricted" in done.stderr and "listening" not in done.stdout
     # A bubblewrap that runs but cannot make the namespaces: its own words are passed on.
-    done = _serve_as_nonroot(tmp_path, "--bwrap", "/bin/false")
+    missing_log = tmp_path / "no-termination-log"
+    done = _serve_as_nonroot(tmp_path, "--bwrap", "/bin/false", env={"WMRL_SANDBOX_TERMINATION_LOG": str(missing_log)})
+    assert not missing_log.exists()  # only the kubelet's file is written, never made (not in a Pod: none)
     assert done.returncode == 2 and "bubblewrap (/bin/false) cannot create an execution's namespaces here: exit code 1" \
         in done.stderr, done.stderr
 

@@ -71,6 +71,18 @@ NOT_SUSPENDED = "NotSuspended"
 NOT_COMPLETE = "NotComplete"
 NOT_FAILED = "NotFailed"
 
+SANDBOX_READY_CONDITION = "SandboxReady"
+"""Whether the sandbox pool serves: set from its Pods by the operator's resync (not by the phase)."""
+# Reasons of SandboxReady.
+SANDBOX_PODS_READY = "PodsReady"
+SANDBOX_PODS_STARTING = "PodsStarting"
+SANDBOX_SCALED_TO_ZERO = "ScaledToZero"
+SANDBOX_PODS_FAILING = "PodsFailing"  # Pods crash or cannot be created, for a reason of their own
+ISOLATION_UNAVAILABLE = "IsolationUnavailable"  # the node's runtime cannot give spec.sandbox.isolation
+SANDBOX_ISOLATION_REFUSAL = "isolation unavailable"
+"""How a sandbox server's refusal to start without its isolation begins (its Pod's termination
+message, where the operator reads it)."""
+
 # ---------------------------------------------------------------- Event reasons (besides the conditions')
 
 TRAINER_RESTARTED = "TrainerRestarted"
