@@ -36,12 +36,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from wmrl.calibration import TOKEN_ENV
 from wmrl.calibration.state import CalibrationConfig, CalibrationState, StateError, validate_groups, _check_id
-from wmrl.calibration.store import StoreError, open_store
+from wmrl.calibration.store import StoreDenied, StoreError, open_store
 
 log = logging.getLogger("wmrl.calibration")
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 MAX_COMMIT_BATCHES = 512
+DEFAULT_STORE_WAIT = 60.0
+STORE_RETRY_S = (0.1, 5.0)  # the first retry's delay, doubling up to the second's
 
 
 class BadRequest(ValueError):
@@ -109,8 +111,10 @@ class CalibrationService:
     otherwise); reads (``GET /v1/calibration``, health, metrics) stay open: the operator reads
     the calibration into the run's status, and the state is the same figures."""
 
-    def __init__(self, store: Any, max_body_bytes: int = DEFAULT_MAX_BODY, token: Optional[str] = None):
+    def __init__(self, store: Any, max_body_bytes: int = DEFAULT_MAX_BODY, token: Optional[str] = None,
+                 store_wait: float = DEFAULT_STORE_WAIT):
         self.token = token or None
+        self.store_wait = store_wait
         self.store = store
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics()
@@ -118,6 +122,7 @@ class CalibrationService:
         self.readers = ThreadPoolExecutor(2, thread_name_prefix="calibration-reader")
         self.pending: asyncio.Queue | None = None
         self.committer: asyncio.Task | None = None
+        self.opener: asyncio.Task | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -133,14 +138,43 @@ class CalibrationService:
     async def _start(self, app: web.Application) -> None:
         self.pending = asyncio.Queue()
         self.committer = asyncio.create_task(self._commit_loop())
-        try:  # create the state if missing; a corrupt one is reported, not fatal
-            _, state = await asyncio.get_running_loop().run_in_executor(self.writer, self.store.transact, lambda s: None)
-            self.metrics.update(state.view())
-            log.info("serving %s at version %d", self.store.describe(), state.version)
-        except (StateError, StoreError) as exc:
-            log.error("%s", exc)
+        self.opener = asyncio.create_task(self._open_store())  # /livez answers meanwhile
+
+    async def _open_store(self) -> None:
+        """Create the state if missing; a corrupt one is reported, not fatal.
+
+        The service may start before the apiserver applies its Role and RoleBinding (the operator
+        writes them with its Deployment, and RBAC takes effect a moment later): a 403 is retried
+        quietly, backing off, for ``store_wait`` seconds, and reported only if it lasts. Meanwhile
+        ``/healthz`` answers 503 with the reason (the Pod is not ready) and ``/livez`` 200.
+        """
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        delay = STORE_RETRY_S[0]
+        while True:
+            try:
+                _, state = await loop.run_in_executor(self.writer, self.store.transact, lambda s: None)
+                break
+            except StoreDenied as exc:
+                waited = time.monotonic() - started
+                if waited + delay > self.store_wait:
+                    log.error("%s (still refused after %.0f s: does the service account's Role grant it?)", exc,
+                              waited)
+                    return
+                log.debug("%s; retrying in %.1f s (its RBAC may not be in effect yet)", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, STORE_RETRY_S[1])
+            except (StateError, StoreError) as exc:
+                log.error("%s", exc)
+                return
+        self.metrics.update(state.view())
+        waited = time.monotonic() - started
+        log.info("serving %s at version %d%s", self.store.describe(), state.version,
+                 f" (readable after {waited:.1f} s)" if waited >= 0.5 else "")
 
     async def _stop(self, app: web.Application) -> None:
+        if self.opener is not None:
+            self.opener.cancel()
         if self.committer is not None:
             self.committer.cancel()
         self.writer.shutdown(wait=True)
@@ -294,6 +328,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY)
+    parser.add_argument("--store-wait", type=float, default=DEFAULT_STORE_WAIT, metavar="SECONDS",
+                        help="how long a store the apiserver refuses (HTTP 403: the service's Role not in effect yet) "
+                             f"is retried at start, quietly, before it is reported (default {DEFAULT_STORE_WAIT:g})")
     add_config_arguments(parser)
     parser.epilog = "The config flags apply when the state is created; a stored state keeps its own config."
 
@@ -306,7 +343,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"wmrl calibration serve: {exc}", file=sys.stderr)
         return 2
-    service = CalibrationService(store, args.max_body_bytes, token=os.environ.get(TOKEN_ENV))
+    if args.store_wait < 0:
+        print(f"wmrl calibration serve: --store-wait must be >= 0, got {args.store_wait:g}", file=sys.stderr)
+        return 2
+    service = CalibrationService(store, args.max_body_bytes, token=os.environ.get(TOKEN_ENV),
+                                 store_wait=args.store_wait)
     if service.token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no %s: any client that reaches %s:%d can add observations", TOKEN_ENV, args.host, args.port)
     web.run_app(service.app(), host=args.host, port=args.port, access_log=None,

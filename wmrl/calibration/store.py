@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from wmrl.calibration.state import CalibrationConfig, CalibrationState, StateError
 
-__all__ = ["ConfigMapStore", "FileStore", "StoreError", "open_store"]
+__all__ = ["ConfigMapStore", "FileStore", "StoreDenied", "StoreError", "open_store"]
 
 T = TypeVar("T")
 KEY = "state.json"
@@ -40,6 +40,10 @@ KEY = "state.json"
 
 class StoreError(RuntimeError):
     """The store could not be reached or kept conflicting (transient: retry later)."""
+
+
+class StoreDenied(StoreError):
+    """The apiserver refused this service the store (HTTP 403): its Role may not be in effect yet."""
 
 
 class FileStore:
@@ -163,7 +167,8 @@ class ConfigMapStore:
         if response.status in (200, 201, 404, 409) or (response.status == 403 and method == "POST"):
             return response.status, data
         message = (data or {}).get("message", "") if isinstance(data, dict) else ""
-        raise StoreError(f"{self.describe()}: {method} failed: HTTP {response.status} {message}".rstrip())
+        error = StoreDenied if response.status == 403 else StoreError
+        raise error(f"{self.describe()}: {method} failed: HTTP {response.status} {message}".rstrip())
 
     def _path(self, named: bool = True) -> str:
         base = f"/api/v1/namespaces/{self.namespace}/configmaps"
