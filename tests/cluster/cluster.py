@@ -1275,7 +1275,7 @@ def release(cluster: Cluster) -> None:
 class RealNode:
     name: str
     state_dir: Path          # the cluster's state directory
-    root: Path               # the node's: <state_dir>/real-node
+    root: Path               # the node's files: nodeconfig.node_root(state_dir)
     node_ip: str
     pod_cidr: str
     dns_ip: str              # CoreDNS (the kubelet's clusterDNS), on the Pods' bridge
@@ -1311,7 +1311,7 @@ class RealNode:
 
 
 def _layout(p: _Paths):
-    return nodeconfig.Layout(p.root / "real-node")
+    return nodeconfig.Layout(nodeconfig.node_root(p.root))
 
 
 def _ctr(ctr: Path, sock: Path, *args: str, check: bool = True,

@@ -96,9 +96,38 @@ def gateway(pod_cidr: str = POD_CIDR) -> str:
     return str(next(ipaddress.ip_network(pod_cidr).hosts()))
 
 
+OUTSIDE_ROOT = Path("/var/lib/wmrl-real-node")
+
+
+def traversable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner can reach ``path`` (every directory above it lets others through)."""
+    import os
+    import stat
+
+    for d in [*reversed(path.parents)]:
+        try:
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                return False
+        except FileNotFoundError:
+            return True  # created below here with the default mode
+    return True
+
+
+def node_root(state_dir: Path) -> Path:
+    """Where the real node keeps its files: ``<state dir>/real-node`` when others can reach it, else a
+    directory of its own under /var/lib keyed by the state dir. A user-namespaced Pod's runtime runs
+    as an unprivileged host uid while it mounts the Pod's rootfs and volumes, so every directory above
+    them must let others through: ``~/.cache`` of root (mode 0700) does not."""
+    inside = state_dir / "real-node"
+    if traversable_by_others(inside):
+        return inside
+    key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    return OUTSIDE_ROOT / key
+
+
 @dataclass(frozen=True)
 class Layout:
-    """Every path of a real node, under ``<cluster state dir>/real-node``."""
+    """Every path of a real node, under :func:`node_root`."""
     root: Path
 
     @property

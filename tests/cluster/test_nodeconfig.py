@@ -210,3 +210,21 @@ def test_iptables_cleanup_keeps_chains_that_were_there_before():
     assert not any("CNI-abc123" in c for c in cmds)
     assert not any("KUBE-FORWARD" in c for c in cmds)
     assert ["-t", "filter", "-X", "KUBE-SERVICES"] in cmds
+
+
+def test_node_root_leaves_a_state_dir_others_cannot_reach():
+    """A user-namespaced Pod's runtime mounts its rootfs as an unprivileged host uid: the node's files
+    must sit where others can pass (root's ~/.cache is 0700)."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="wmrl-node-root-"))  # under /tmp (1777)
+    try:
+        top.chmod(0o755)
+        assert nc.node_root(top / "cluster") == top / "cluster" / "real-node"
+        top.chmod(0o700)
+        outside = nc.node_root(top / "cluster")
+        assert outside.parent == nc.OUTSIDE_ROOT
+        assert outside == nc.node_root(top / "cluster")  # stable: the same state dir finds its node again
+    finally:
+        shutil.rmtree(top)
