@@ -72,7 +72,11 @@ def serve(fd: int, modules: list[str]) -> None:
     """
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the server
     base_vm_mb = _vm_mb()  # a bare interpreter's address space, before any import
-    sys.path[:] = [p for p in sys.path if p not in ("", _PACKAGE_PARENT)]
+    # Only the entry the boot line inserted: where the package is installed (an image's site-packages),
+    # the same directory is also on the interpreter's own path, and the program needs it.
+    if sys.path and sys.path[0] == _PACKAGE_PARENT:
+        del sys.path[0]
+    sys.path[:] = [p for p in sys.path if p != ""]
     sock = socket.socket(fileno=fd)
     imported, failed = [], {}
     for name in modules:
