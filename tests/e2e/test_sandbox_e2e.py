@@ -1,16 +1,18 @@
 """The sandbox pool with the default isolation (`isolation: namespaces`) on a real containerd 2 node:
-the server passes its self-test under --require-isolation and contains hostile code.
+the server passes its self-test under --require-isolation, answers /run_code through the pool's
+Service from a Pod in the cluster with the scientific stack importable, and contains hostile code.
 
 The hostile cases talk to the sandbox Pod's IP straight from the test (the host routes to the node's
 bridge); what an execution left behind is looked for inside the sandbox container (`kubectl exec`)."""
 
+import json
 import threading
 import uuid
 
 import httpx
 import pytest
 
-from e2e_helpers import describe, get_json, wait_for
+from e2e_helpers import describe, get_json, unique, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
@@ -82,6 +84,40 @@ def test_sandbox_pod_runs_on_the_real_node_with_every_layer_holding(k8s_cluster,
         return [c for c in run["status"]["conditions"] if c["type"] == "SandboxReady" and c["status"] == "True"]
 
     wait_for(sandbox_ready, timeout=120, interval=2, what="SandboxReady=True on the run")
+
+
+CLIENT = """
+import json, urllib.request
+code = "import numpy, pandas, scipy, sklearn\\nprint(numpy.__version__, pandas.__version__, scipy.__version__, sklearn.__version__)"
+body = json.dumps({"code": code, "language": "python", "run_timeout": 60}).encode()
+req = urllib.request.Request("http://%s:8080/run_code", data=body, headers={"Content-Type": "application/json"})
+print(urllib.request.urlopen(req, timeout=120).read().decode())
+"""
+
+
+def test_run_code_through_the_pool_service_from_a_pod_with_the_scientific_stack(k8s_cluster, real_node, pool,
+                                                                                e2e_images):
+    name = unique("client")
+    service = f"{pool['run']}-sandbox-api"
+    client = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+              "spec": {**real_node.placement(), "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                       "containers": [{"name": "client", "image": e2e_images["sandbox"], "imagePullPolicy": "Never",
+                                       "command": ["python", "-c", CLIENT % service],
+                                       "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}]}}
+    ns = pool["namespace"]
+    k8s_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(client))
+    try:
+        phase = wait_for(lambda: (get_json(k8s_cluster, "pod", name, "-n", ns)["status"].get("phase")
+                                  if get_json(k8s_cluster, "pod", name, "-n", ns)["status"].get("phase")
+                                  in ("Succeeded", "Failed") else None), timeout=240, what="the client Pod to finish")
+        logs = k8s_cluster.kubectl("logs", name, "-n", ns, check=False).stdout
+        assert phase == "Succeeded", logs + describe(k8s_cluster, ns, "pod", name)
+        answer = json.loads(logs.strip().splitlines()[-1])
+        assert answer["status"] == "Success", answer["run_result"]["stderr"]
+        versions = answer["run_result"]["stdout"].split()
+        assert len(versions) == 4 and all(v[0].isdigit() for v in versions), answer
+    finally:
+        k8s_cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false", check=False)
 
 
 # ---------------------------------------------------------------- hostile code in a real Pod
