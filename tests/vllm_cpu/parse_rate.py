@@ -113,7 +113,7 @@ def run(label: str, args_of, answers: int, logs: Path) -> dict:
     spec = h.world_model_spec(p.model)
     port = h.free_port()
     args = args_of(h.local_args(h.rendered_args(spec), port))
-    with h.VLLMServer(p.vllm, args, port, logs / f"vllm-{label}.log") as server:
+    with h.VLLMServer([p.vllm, "serve", *args], port, logs / f"vllm-{label}.log") as server:
         tally = measure(server.base_url, spec, answers)
     tally = {"server": label, "startup_s": round(server.startup_s), **tally}
     print(json.dumps(tally), flush=True)

@@ -64,7 +64,7 @@ def test_a_flag_vllm_does_not_know_stops_the_server_with_its_log(vllm_build, tmp
     """What the fixture does when the operator renders a flag this vLLM lacks: no server, the error."""
     port = harness.free_port()
     args = harness.local_args(harness.rendered_args(harness.world_model_spec(vllm_build.model)), port)
-    server = harness.VLLMServer(vllm_build.vllm, [*args, "--no-such-flag-wmrl"], port, tmp_path / "vllm.log")
+    server = harness.VLLMServer([vllm_build.vllm, "serve", *args, "--no-such-flag-wmrl"], port, tmp_path / "vllm.log")
     with pytest.raises(RuntimeError, match=r"(?s)exited with 2 before it was ready.*--no-such-flag-wmrl"):
         server.start()
 
