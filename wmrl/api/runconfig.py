@@ -37,6 +37,8 @@ class Runtime(_Model):
     world_model_url: Optional[str] = Field(None, description="OpenAI-compatible base URL for the llm backend.")
     rollout_url: Optional[str] = Field(None, description="Base URL of the rollout vLLM server the operator deployed "
                                        "(spec.policy.vllmMode server without vllmServerUrl).")
+    rollout_wait_seconds: float = Field(240.0, gt=0, description="vllmMode server: how long the trainer waits at "
+                                        "start for the rollout server's /health (TRL's vllm_server_timeout).")
     checkpoint_dir: str = "/checkpoints"
     results_dir: Optional[str] = None
     tasks_dir: Optional[str] = Field(None, description="Where task folders are mounted (pvc/configMap sources).")
