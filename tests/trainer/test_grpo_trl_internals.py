@@ -120,3 +120,22 @@ def test_an_indexed_cpu_is_restorable_only_as_plain_cpu(tmp_path):
 @pytest.mark.parametrize("name", ["_generate", "_generate_and_score_completions", "_load_optimizer_and_scheduler"])
 def test_our_overrides_match_the_base_signature(name):
     assert _params(getattr(WMRLGRPOTrainer, name)) == _params(getattr(GRPOTrainer, name))
+
+
+def test_vllm_backend_hooks_for_the_cpu_weight_sync():
+    """wmrl_trainer.vllm_sync swaps the module-level name GRPOTrainer.__init__ builds its vLLM backend from, and
+    overrides the backend's _init_vllm and sync_weights; TRL calls sync_weights before generating."""
+    from trl.generation.vllm_generation import VLLMGeneration
+    from trl.trainer import grpo_trainer
+
+    assert grpo_trainer.VLLMGeneration is VLLMGeneration
+    assert "self.vllm_generation = VLLMGeneration(" in inspect.getsource(GRPOTrainer.__init__)
+    assert "self._init_vllm()" in inspect.getsource(VLLMGeneration.__init__)
+    assert _params(VLLMGeneration.sync_weights) == ["self"] and _params(VLLMGeneration._iter_named_params) == ["self"]
+    for method in (GRPOTrainer._generate_single_turn, GRPOTrainer._generate):
+        assert "self.vllm_generation.sync_weights()" in inspect.getsource(method)
+    init = inspect.getsource(VLLMGeneration._init_vllm)
+    assert "self.vllm_client.init_communicator(device=accelerator.device)" in init  # what CPU server mode skips
+    for attribute in ("self.server_base_url", "self.server_host", "self.server_port", "self.group_port",
+                      "self.server_timeout", "self.llm = LLM("):
+        assert attribute in inspect.getsource(VLLMGeneration), attribute

@@ -271,7 +271,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
         model=model, args=args,
         train_dataset=dataset, processing_class=tokenizer, wmrl_step=step, tasks=by_name,
         max_turns=alg.max_turns, max_trajectory_tokens=alg.max_trajectory_tokens, world=world,
-        rollouts_dir=rollouts_dir,
+        rollouts_dir=rollouts_dir, rollout_weights_dir=Path(config.runtime.checkpoint_dir) / "rollout-weights",
     )
     from transformers.trainer_callback import PrinterCallback
 

@@ -50,6 +50,15 @@ turn's (:mod:`wmrl_trainer.turns`). TRL internals this adds: ``_tokenize_prompts
 returns ``(prompt_ids, images, multimodal_fields)``; ``_generate_single_turn(ids, None, {},
 num_generations=1)`` returns ``(completion_ids, logprobs or None)``.
 
+Generation with vLLM is TRL's, in the mode the spec names. Where TRL's weight sync cannot run or
+cannot be relied on (server mode with a trainer without CUDA; colocate with vLLM's CPU build),
+:mod:`wmrl_trainer.vllm_sync` syncs through vLLM's ``reload_weights`` instead; TRL internals
+this adds: ``GRPOTrainer.__init__`` builds its backend from the module-level name
+``trl.trainer.grpo_trainer.VLLMGeneration``, whose ``__init__`` calls ``_init_vllm()`` (server
+mode: ``vllm_client.init_communicator``, the NCCL group), ``_iter_named_params()`` walks the
+policy's parameters under vLLM's names, and ``_generate`` / ``_generate_single_turn`` call
+``vllm_generation.sync_weights()`` before generating after an optimizer step.
+
 Several processes (``wmrl launch``, one per GPU): each generates its slice of the generation
 batch (TRL's split), rank 0 grades the whole batch once and every rank gets the same
 :class:`~wmrl_trainer.loop.Scored` (:mod:`wmrl_trainer.distributed`), so advantages are
@@ -76,6 +85,7 @@ from wmrl.tasks import Task
 from wmrl_trainer.distributed import World
 from wmrl_trainer.loop import Scored, WMRLStep, extract_code
 from wmrl_trainer.sampling import completion_text, default_trajectory_tokens, observation_ids
+from wmrl_trainer.vllm_sync import generation_backend, vllm_on_cpu, weight_sync
 
 
 def wmrl_advantages(scored: Scored) -> tuple[np.ndarray, np.ndarray]:
@@ -95,10 +105,19 @@ def restorable_device(device: torch.device) -> torch.device:
     return torch.device("cpu") if device.type == "cpu" else device
 
 
+def vllm_weight_sync(args: Any) -> Optional[str]:
+    """How the policy's weights reach vLLM under GRPOConfig ``args`` (:func:`wmrl_trainer.vllm_sync.weight_sync`);
+    None without vLLM."""
+    if args is None or not args.use_vllm:
+        return None
+    on_cpu = vllm_on_cpu() if args.vllm_mode == "colocate" else False
+    return weight_sync(args.vllm_mode, args.device.type, on_cpu)
+
+
 class WMRLGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, wmrl_step: Optional[WMRLStep], tasks: dict[str, Task], max_turns: int = 1,
                  max_trajectory_tokens: Optional[int] = None, world: World = World(),
-                 rollouts_dir: Optional[str] = None, **kwargs: Any):
+                 rollouts_dir: Optional[str] = None, rollout_weights_dir: Optional[Path] = None, **kwargs: Any):
         if max_turns < 1:
             raise ValueError(f"spec.algorithm.maxTurns must be at least 1, got {max_turns}")
         self.wmrl_step = wmrl_step
@@ -114,7 +133,9 @@ class WMRLGRPOTrainer(GRPOTrainer):
         self.rollouts_dir = Path(rollouts_dir) if rollouts_dir else None
         if self.max_turns > 1:
             kwargs["rollout_func"] = self._multi_turn_rollout
-        super().__init__(*args, reward_funcs=[self.wmrl_reward], **kwargs)
+        self.weight_sync = vllm_weight_sync(kwargs.get("args"))
+        with generation_backend(self.weight_sync, rollout_weights_dir):
+            super().__init__(*args, reward_funcs=[self.wmrl_reward], **kwargs)
         self.max_trajectory_tokens = int(max_trajectory_tokens or default_trajectory_tokens(self.max_turns,
                                                                                           self.max_completion_length))
         if self.accelerator.num_processes != world.size or self.accelerator.process_index != world.rank:
