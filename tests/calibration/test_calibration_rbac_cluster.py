@@ -84,8 +84,13 @@ def test_the_service_waits_quietly_for_its_rbac_then_serves(k8s_cluster, service
 
     _grant(k8s_cluster, ns, "calibration-state")
     assert _wait(lambda: _status(server.url, "/healthz") == 200, 30), server.log_path.read_text()
-    stored = json.loads(k8s_cluster.kubectl("get", "configmap", "calibration-state", "-n", ns, "-o", "json").stdout)
-    assert json.loads(stored["data"]["state.json"])["version"] == 0  # it created the state once allowed
+
+    def stored():  # /healthz reads on its own; the opener writes the state at its next retry
+        obj = json.loads(k8s_cluster.kubectl("get", "configmap", "calibration-state", "-n", ns, "-o", "json").stdout)
+        return (obj.get("data") or {}).get("state.json")
+
+    assert _wait(stored, 30), server.log_path.read_text()
+    assert json.loads(stored())["version"] == 0  # it created the state once allowed
     server.stop()
     log = server.log_path.read_text()
     assert "ERROR" not in log and "403" not in log, log
