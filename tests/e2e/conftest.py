@@ -17,8 +17,19 @@ import images as project_images  # noqa: E402  (tests/images/images.py: stdlib o
 
 @pytest.fixture(scope="session")
 def e2e_images(real_node):
-    """name -> image reference of the operator and sandbox images, present in the real node's containerd."""
-    built = project_images.build(("operator", "sandbox"))
+    """name -> image reference of the operator and sandbox images, present in the real node's containerd.
+    The CPU trainer image (several GB) is built and imported only for the test that trains."""
+    return _imported(real_node, ("operator", "sandbox"))
+
+
+@pytest.fixture(scope="session")
+def trainer_image(real_node):
+    """The CPU trainer image's reference, present in the real node's containerd."""
+    return _imported(real_node, ("trainer-cpu",))["trainer-cpu"]
+
+
+def _imported(real_node, names):
+    built = project_images.build(names)
     present = set(real_node.image_names())
     for b in built.values():
         if b.ref not in present:
