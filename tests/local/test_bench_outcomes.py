@@ -6,6 +6,7 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -166,12 +167,12 @@ def test_concurrent_writers_keep_every_line_whole(tmp_path, tasks):
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=2, max_size=6))
 def test_curves_hold_after_their_last_evaluation(rewards):
-    import numpy as np
+    from wmrl_bench.analysis import at_cost
 
-    from wmrl_bench.analysis import on_grid
-
-    run = {"curve": [{"cost_s": 10.0 * i, "reward": r, "executions": 8 * i} for i, r in enumerate(rewards)]}
-    grid = np.linspace(0, 10.0 * (len(rewards) + 3), 17)
-    values = on_grid(run, "reward", grid)
-    assert values[-1] == pytest.approx(rewards[-1]) and values[0] == pytest.approx(rewards[0])
-    assert min(rewards) - 1e-12 <= values.min() and values.max() <= max(rewards) + 1e-12
+    run = {"curve": [{"cost_s": {"2": 10.0 * i, "8": 4.0 * i}, "reward": r, "executions": 8 * i}
+                     for i, r in enumerate(rewards)]}
+    for pool, per in (("2", 10.0), ("8", 4.0)):
+        values = [at_cost(run, pool, x) for x in np.linspace(0, per * (len(rewards) + 3), 17)]
+        assert values[-1] == pytest.approx(rewards[-1]) and values[0] == pytest.approx(rewards[0])
+        assert min(rewards) - 1e-12 <= min(values) and max(values) <= max(rewards) + 1e-12
+        assert at_cost(run, pool, per) == pytest.approx(rewards[1])  # each pool reads its own clock

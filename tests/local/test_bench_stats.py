@@ -392,3 +392,35 @@ def test_pairwise_handles_an_empty_pair_list_and_refuses_bad_pairs():
         pairwise_tests(data, COLUMNS, [("wmrl", "wmrl")])
     with pytest.raises(ValueError, match="at least 2 rows"):
         pairwise_tests(np.ones((1, 4)), COLUMNS, [("wmrl", "real")])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(min_value=-1.0, max_value=1.0), min_size=2, max_size=9))
+def test_t_interval_matches_scipy_and_brackets_the_mean(values):
+    from wmrl_bench.stats import t_interval
+
+    out = t_interval(values)
+    x = np.asarray(values)
+    if x.std(ddof=1) > 0:
+        low, high = scipy_stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=scipy_stats.sem(x))
+        assert out["low"] == pytest.approx(low, abs=1e-9) and out["high"] == pytest.approx(high, abs=1e-9)
+    assert out["low"] <= out["estimate"] <= out["high"] and out["range"] == [min(values), max(values)]
+
+
+def test_mean_interval_is_a_t_interval_below_ten_seeds_and_a_bootstrap_from_ten():
+    from wmrl_bench.stats import BOOTSTRAP_MIN_SEEDS, mean_interval
+
+    assert BOOTSTRAP_MIN_SEEDS == 10 and mean_interval([0.1]) is None
+    few = mean_interval([0.01, 0.02, 0.03])
+    assert few["method"] == "t" and few["low"] < 0.01  # wider than the seeds' range, as a t-interval is here
+    many = mean_interval(list(np.linspace(0.0, 0.04, 10)))
+    assert many["method"] == "bootstrap" and 0.0 <= many["low"] <= many["high"] <= 0.04
+
+
+def test_one_sided_wilcoxon_tests_the_predicted_direction():
+    from wmrl_bench.stats import wilcoxon
+
+    up = [0.01, 0.02, 0.015, 0.03, 0.005, 0.02, 0.01, 0.025]
+    assert wilcoxon(up, "greater") == pytest.approx(scipy_stats.wilcoxon(up, alternative="greater").pvalue)
+    assert wilcoxon(up, "greater") < 0.01 < 0.99 < wilcoxon([-d for d in up], "greater")
+    assert wilcoxon([0.0, 0.0, 0.0]) == 1.0

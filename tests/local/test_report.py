@@ -3,47 +3,66 @@
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
 
 from wmrl_bench.report import load_results, markdown_table
 
-from wmrl_bench.design import ABLATION_ORDER
-from wmrl_bench.analysis import REACH_TOLERANCE, crossing, level_summary
+from wmrl_bench.analysis import REACH_TOLERANCE, crossing, pool_summary
 
-def _run(arm: str, seed: int, rewards: list[float], cost_per_eval: float, executions_per_eval: int) -> dict:
-    curve = [{"cost_s": cost_per_eval * i, "reward": r, "executions": executions_per_eval * i, "step": 5 * i}
-             for i, r in enumerate(rewards)]
-    return {"arm": arm, "seed": seed, "curve": curve, "initial_reward": rewards[0], "final_reward": rewards[-1],
-            "steps": 5 * (len(rewards) - 1), "cost_s": curve[-1]["cost_s"], "compute_s": 1.0, "judge_s": 0.0,
-            "executions_s": 1.0, "executions": curve[-1]["executions"]}
+V2_RESULTS = Path(__file__).parent / "data" / "speedup-v2.json"
+"""A version-2 results file (one bias level, every arm at equal cost) as that version wrote it."""
 
 
 def _bench() -> dict:
-    """A v2 results JSON (one bias level) from synthetic runs."""
-    runs = {"real": [_run("real", s, [0.3, 0.4, 0.5 + 0.02 * s], 50.0, 160) for s in range(2)],
-            "worldModel": [_run("worldModel", s, [0.3, 0.35, 0.35], 5.0, 0) for s in range(2)]}
-    for k, arm in enumerate(ABLATION_ORDER):
-        runs[arm] = [_run(arm, s, [0.3, 0.5, 0.55 + 0.01 * k + 0.001 * s], 50.0, 40) for s in range(3)]
-    level = level_summary(runs, budget=100.0)
-    return {"version": 2, "budget_s": 100.0, "real_steps": 10, "slots": 2, "judge_cost": 1.0,
-            "headline_optimism": 0.2, "levels": {"0.2": level}, **{k: level[k] for k in ("target_reward", "speedup", "arms")}}
+    return json.loads(V2_RESULTS.read_text())
 
 
-def test_level_summary_targets_the_real_arms_final_reward():
-    out = _bench()
-    assert out["target_reward"] == pytest.approx(0.51)
-    real, wmrl, wm = out["arms"]["real"], out["arms"]["wmrl"], out["arms"]["worldModel"]
-    assert real["time_to_target_s"] == pytest.approx(100.0, abs=1e-6)  # reached at its last evaluation
-    # wmrl: 0.3 -> 0.5 at 50 s, 0.58 at 100 s; 0.51 is 1/8 of the way from 50 s to 100 s.
-    assert wmrl["time_to_target_s"] == pytest.approx(50.0 + 50.0 * 0.01 / 0.0804, rel=0.02)
-    assert out["speedup"] == pytest.approx(100.0 / wmrl["time_to_target_s"])
-    assert wm["time_to_target_s"] is None and wm["executions_to_target"] is None and wm["reach_rate"] == 0.0
-    assert real["final_reward"] == pytest.approx(0.51) and real["final_reward_std"] == pytest.approx(0.02 / math.sqrt(2))
+def _v3_run(config: str, seed: int, rewards: list[float], cost: dict) -> dict:
+    curve = [{"cost_s": {p: c * i for p, c in cost.items()}, "reward": r, "executions": 8 * i, "step": i}
+             for i, r in enumerate(rewards)]
+    return {"arm": config.split("-")[0], "config": config, "seed": seed, "curve": curve, "initial_reward": rewards[0],
+            "final_reward": rewards[-1], "steps": len(rewards) - 1, "learning_rate": 0.002}
+
+
+def _bench_v3() -> dict:
+    """A v3 results JSON from synthetic runs: two pool sizes, two real configurations, wmrl."""
+    runs = {"real-g4-lr0.002": [_v3_run("real-g4-lr0.002", s, [0.3, 0.4, 0.5 + 0.02 * s], {"2": 50.0, "8": 20.0})
+                                for s in range(3)],
+            "real-g1-lr0.002": [_v3_run("real-g1-lr0.002", s, [0.3, 0.35, 0.4], {"2": 50.0, "8": 20.0}) for s in range(3)],
+            "wmrl-g4-lr0.002": [_v3_run("wmrl-g4-lr0.002", s, [0.3, 0.5, 0.6, 0.6], {"2": 25.0, "8": 20.0})
+                                for s in range(3)]}
+    budgets = {"2": 100.0, "8": 40.0}
+    slots = {p: pool_summary(runs, p, b, "real-g4-lr0.002", "wmrl-g4-lr0.002") for p, b in budgets.items()}
+    for pool in slots.values():
+        pool["arms"] = {"real": pool["configs"]["real-g4-lr0.002"], "wmrl": pool["configs"]["wmrl-g4-lr0.002"]}
+    chosen = {p: {"best_real": "real-g4-lr0.002", "wmrl": "wmrl-g4-lr0.002"} for p in budgets}
+    tests = [{**t, "p_holm": min(1.0, t["p"] * 2)} for p in budgets for t in slots[p]["tests"]]
+    return {"version": 3, "budget_s": 100.0, "budgets_s": budgets, "reference": "real-g4-lr0.002", "real_steps": 2,
+            "headline_slots": 2, "optimism": 0.2, "judge_cost": 1.0, "lr_grid": [0.002], "real_groups": [1, 4],
+            "tuning": {"seeds": [1000], "chosen": chosen}, "slots": slots, "target_reward": slots["2"]["target_reward"],
+            "speedup": slots["2"]["speedup"], "arms": slots["2"]["arms"], "async": {"measured": False, "why": "x"},
+            "judge_grid": {"cells": {}}, "tests": tests}
+
+
+def test_report_renders_a_version_3_results_file(tmp_path):
+    results = tmp_path / "v3.json"
+    data = _bench_v3()
+    results.write_text(json.dumps(data))
+    png, md = tmp_path / "plot.png", tmp_path / "table.md"
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "report", str(results), "--plot", str(png),
+                           "--markdown", str(md)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert png.stat().st_size > 5000
+    table = md.read_text()
+    assert "#### P = 2 sandbox slots (headline)" in table and "#### P = 8 sandbox slots" in table
+    assert "| `real-g4-lr0.002` (best real) | 2.0 | 0.520 +- 0.020 | 100.0 |" in table
+    assert f"**{data['speedup']:.2f}x**" in table and "(t, n = 3)" in table
+    assert "Asynchronous anchors: not measured: x." in table and "Holm over all of them" in table
 
 
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=20), st.floats(0, 1))

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from wmrl_bench.analysis import level_summary
-from wmrl_bench.design import (ABLATION_ORDER, ARMS, BIAS_GRID, HEADLINE_OPTIMISM, WIDE_POLICY, WIDE_SETTINGS, Job,
-                               arm_config)
+from wmrl_bench.analysis import at_cost, choose, holm_over_run, judge_grid_summary, pool_summary
+from wmrl_bench.synthetic_judge import JUDGE_GRID
+from wmrl_bench.design import (ABLATION_ORDER, ARMS, BASE_SPEC, BIAS_GRID, GROUPS_PER_STEP_GRID, HEADLINE_OPTIMISM,
+                               HEADLINE_SLOTS, LR_GRID, REFERENCE, SLOTS_GRID, WIDE_POLICY, WIDE_SETTINGS, Job,
+                               arm_config, config_name, evaluation_configs, evaluation_seeds, tuning_configs,
+                               tuning_seeds)
 
 
 def test_arms_differ_only_in_their_spec():
@@ -32,82 +34,160 @@ def test_arms_differ_only_in_their_spec():
         assert spec == ref, arm
 
 
-def test_the_bias_grid_is_pre_registered():
-    assert BIAS_GRID == (0.0, 0.1, 0.2, 0.3) and HEADLINE_OPTIMISM in BIAS_GRID
+def test_the_v3_design_is_pre_registered():
+    assert BIAS_GRID == (0.0, 0.1, 0.2, 0.3) and HEADLINE_OPTIMISM == 0.2
     assert ABLATION_ORDER == ("none", "denoise", "debias", "wmrl")
+    assert LR_GRID == (0.001, 0.002, 0.004) and GROUPS_PER_STEP_GRID == (1, 2, 4) and SLOTS_GRID == (2, 8, 32)
+    assert HEADLINE_SLOTS in SLOTS_GRID and REFERENCE == ("real", 4, 0.002)
+    assert REFERENCE[1] in GROUPS_PER_STEP_GRID and REFERENCE[2] in LR_GRID
+    assert BASE_SPEC["algorithm"]["groupsPerStep"] == REFERENCE[1] and BASE_SPEC["algorithm"]["learningRate"] == REFERENCE[2]
+    evaluation = {s for arm in ARMS for s in evaluation_seeds(arm, 10, 20)}
+    assert not evaluation & set(tuning_seeds(5))  # tuning never reuses an evaluation seed
 
 
-def _run(arm: str, seed: int, rewards: list[float], step_cost: float) -> dict:
-    curve = [{"cost_s": step_cost * i, "reward": r, "executions": 8 * i} for i, r in enumerate(rewards)]
-    return {"arm": arm, "seed": seed, "curve": curve, "initial_reward": rewards[0], "final_reward": rewards[-1],
-            "steps": len(rewards) - 1, "cost_s": curve[-1]["cost_s"], "compute_s": 1.0, "judge_s": 0.5,
-            "executions_s": 2.0, "executions": curve[-1]["executions"]}
+def test_the_grids_become_configurations():
+    tune = tuning_configs(["real", "wmrl", "none"], [1, 2, 4], [0.001, 0.002], base_groups=4)
+    assert len(tune) == 3 * 2 + 2 and ("wmrl", 4, 0.002) in tune and all(a != "none" for a, _, _ in tune)
+    evaluate = evaluation_configs(["real", "wmrl", "none", "worldModel"], [1, 4], [0.001, 0.002], 4,
+                                  wmrl_lrs=[0.002, 0.002, 0.001], ablation_lr=0.002)
+    assert [c for c in evaluate if c[0] == "real"] == [("real", g, lr) for g in (1, 4) for lr in (0.001, 0.002)]
+    assert [c for c in evaluate if c[0] == "wmrl"] == [("wmrl", 4, 0.001), ("wmrl", 4, 0.002)]
+    assert ("none", 4, 0.002) in evaluate and ("worldModel", 4, 0.002) in evaluate
+    config = arm_config("real", 0, 5, groups_per_step=1, learning_rate=0.004)
+    assert config.spec.algorithm.groups_per_step == 1 and config.spec.algorithm.learning_rate == 0.004
+    assert config_name("real", 1, 0.004) == "real-g1-lr0.004"
 
 
-def test_level_summary_from_synthetic_runs():
+def _run(arm: str, seed: int, rewards: list[float], step_cost: dict, config: str = None, cell: str = None) -> dict:
+    """A run with an evaluation after every step; ``step_cost``: pool size -> seconds per step."""
+    curve = [{"cost_s": {p: c * i for p, c in step_cost.items()}, "reward": r, "executions": 8 * i, "step": i}
+             for i, r in enumerate(rewards)]
+    return {"arm": arm, "config": config or arm, "seed": seed, "judge_cell": cell, "curve": curve,
+            "initial_reward": rewards[0], "final_reward": rewards[-1], "steps": len(rewards) - 1,
+            "cost_s": curve[-1]["cost_s"], "executions": curve[-1]["executions"], "learning_rate": 0.002}
+
+
+def _climb(start: float, per_step: float, steps: int, noise: float, rng) -> list[float]:
+    return list(start + per_step * np.arange(steps + 1) + rng.normal(0, noise))
+
+
+def test_pool_summary_judges_every_configuration_at_the_budget():
     rng = np.random.default_rng(0)
-    seeds = range(8)
-    real = [_run("real", s, list(np.linspace(0.4, 0.6, 11) + rng.normal(0, 0.01)), 10.0) for s in seeds]
-    # wmrl climbs twice as fast per unit of cost; the ablation arms are ordered as the paper says.
-    runs = {"real": real}
-    for shift, arm in enumerate(ABLATION_ORDER):
-        runs[arm] = [_run(arm, s, list(0.4 + 0.04 * np.arange(11) - 0.02 * (3 - shift)
-                                       + rng.normal(0, 0.005)), 10.0) for s in seeds]
-    summary = level_summary(runs, budget=100.0)
-    assert summary["target_reward"] == pytest.approx(np.mean([r["final_reward"] for r in real]))
-    wmrl, real_arm = summary["arms"]["wmrl"], summary["arms"]["real"]
-    assert real_arm["time_to_target_s"] == pytest.approx(100.0, abs=5) and real_arm["reach_rate"] > 0
-    assert wmrl["time_to_target_s"] < 60 and summary["speedup"] > 1.8 and wmrl["reach_rate"] == 1.0
-    versus = summary["wmrl_vs_real"]
-    assert versus["final_reward_difference"]["low"] > 0.1
-    assert math.log(1.5) < versus["log_speedup"]["low"] <= versus["log_speedup"]["high"]
-    page = summary["ablation"]["page"]
-    assert page["p"] < 0.01 and page["order"] == list(ABLATION_ORDER)
-    assert {(p["a"], p["b"]) for p in summary["ablation"]["pairwise"]} >= {("wmrl", "none"), ("debias", "denoise")}
-    assert all(p["p_holm"] >= p["p"] for p in summary["ablation"]["pairwise"])
-    # A wmrl that never reaches the target: no speedup, the interval says so.
-    runs["wmrl"] = [_run("wmrl", s, [0.4] * 11, 10.0) for s in seeds]
-    stuck = level_summary(runs, budget=100.0)
-    assert stuck["speedup"] is None and stuck["arms"]["wmrl"]["reach_rate"] == 0.0
-    assert stuck["wmrl_vs_real"]["log_speedup"]["high"] == -math.inf
-    assert stuck["wmrl_vs_real"]["speedup_ci"] == [0.0, 0.0]
+    seeds = range(12)
+    runs = {  # real-a climbs faster than real-b; wmrl climbs twice as fast per second as real-a at P=2
+        "real-a": [_run("real", s, _climb(0.4, 0.02, 10, 0.01, rng), {"2": 10.0, "8": 5.0}, "real-a") for s in seeds],
+        "real-b": [_run("real", s, _climb(0.4, 0.01, 10, 0.01, rng), {"2": 10.0, "8": 5.0}, "real-b") for s in seeds],
+        "wmrl-x": [_run("wmrl", s, _climb(0.4, 0.02, 20, 0.005, rng), {"2": 5.0, "8": 5.0}, "wmrl-x") for s in seeds],
+    }
+    chosen = choose({k: v[:3] for k, v in runs.items()}, "2", 100.0)
+    assert chosen["best_real"] == "real-a" and chosen["wmrl"] == "wmrl-x" and chosen["wmrl_learning_rate"] == 0.002
+    summary = pool_summary(runs, "2", 100.0, "real-a", "wmrl-x")
+    real_finals = [at_cost(r, "2", 100.0) for r in runs["real-a"]]
+    assert summary["target_reward"] == pytest.approx(np.mean(real_finals))
+    wmrl = summary["configs"]["wmrl-x"]
+    assert summary["speedup"] == pytest.approx(100.0 / wmrl["time_to_target_s"]) and 1.7 < summary["speedup"] < 2.3
+    assert summary["configs"]["real-b"]["time_to_target_s"] is None  # censored at the budget, not 0
+    assert summary["configs"]["real-b"]["reached"] is False
+    versus = summary["wmrl_vs_best_real"]
+    assert versus["reward_difference_at_budget"]["method"] == "bootstrap"  # 12 seeds
+    assert versus["speedup_interval"][0] <= summary["speedup"] <= versus["speedup_interval"][1]
+    assert summary["tests"][0]["p"] < 0.01
+    # At P=8 the executions are cheap: wmrl's step costs what real's does and it does not win.
+    at8 = pool_summary(runs, "8", 50.0, "real-a", "wmrl-x")
+    assert at8["speedup"] is None or at8["speedup"] < 1.2
+    # Below 10 seeds: a t-interval and the per-seed range, never a bootstrap.
+    few = pool_summary({k: v[:4] for k, v in runs.items()}, "2", 100.0, "real-a", "wmrl-x")
+    assert few["wmrl_vs_best_real"]["reward_difference_at_budget"]["method"] == "t"
+    assert "speedup_interval" not in few["wmrl_vs_best_real"] and few["wmrl_vs_best_real"]["speedup_range"]
+
+
+def test_a_wmrl_that_never_reaches_the_target_is_censored():
+    rng = np.random.default_rng(1)
+    runs = {"real-a": [_run("real", s, _climb(0.4, 0.02, 10, 0.01, rng), {"2": 10.0}, "real-a") for s in range(10)],
+            "wmrl-x": [_run("wmrl", s, [0.4] * 21, {"2": 5.0}, "wmrl-x") for s in range(10)]}
+    summary = pool_summary(runs, "2", 100.0, "real-a", "wmrl-x")
+    versus = summary["wmrl_vs_best_real"]
+    assert summary["speedup"] is None and versus["not_reached_within_budget"] == 10
+    assert versus["speedup_interval"] == [0.0, 0.0] and summary["configs"]["wmrl-x"]["reach_rate"] == 0.0
+
+
+def test_every_test_of_a_run_is_adjusted_together():
+    tests = [{"name": str(i), "p": p} for i, p in enumerate([0.001, 0.01, 0.04, 0.3])]
+    adjusted = holm_over_run(tests)
+    assert [t["p_holm"] for t in adjusted] == pytest.approx([0.004, 0.03, 0.08, 0.3])
+
+
+def test_the_judge_grid_tests_each_prediction_where_it_was_made():
+    rng = np.random.default_rng(2)
+    cells = ["c1", "c2", "c3", "ctl"]
+    effect = {"c1": 0.0, "c2": 0.02, "c3": 0.05, "ctl": 0.0}
+    runs = []
+    for cell in cells:
+        for s in range(12):
+            base = 0.5 + rng.normal(0, 0.01)
+            for arm in ABLATION_ORDER:
+                gain = effect[cell] if arm in ("debias", "wmrl") else 0.0
+                runs.append(_run(arm, s, [0.4, base + gain + rng.normal(0, 0.002)], {"2": 10.0},
+                                 cell=cell))
+    predictions = [{"effect": "debias - none", "cells": ["c1", "c2", "c3"], "null_in": ["c1", "ctl"], "positive_in": []}]
+    grid = judge_grid_summary(runs, cells, "2", 10.0, predictions)
+    assert set(grid["cells"]) == set(cells)
+    per_cell = grid["predictions"][0]["per_cell"]
+    assert per_cell["c3"]["p_one_sided"] < 0.01 and per_cell["c3"]["effect_predicted"]
+    assert per_cell["ctl"]["p_one_sided"] > 0.05 and not per_cell["ctl"]["effect_predicted"]
+    assert not per_cell["c1"]["effect_predicted"] and per_cell["c2"]["effect_predicted"]
+    assert grid["predictions"][0]["page"]["p"] < 0.01
+    assert any(t["test"] == "page" and t.get("predicted") for t in grid["tests"])
 
 
 @pytest.mark.slow
 def test_bench_end_to_end_extra_tiny(tmp_path):
-    """Every arm trains through TRL against the outcome table; the JSON has the v2 schema and the old keys."""
+    """Every configuration trains through TRL against the outcome table: the reference sets a budget per pool
+    size, the tuning seeds choose, the evaluation seeds measure, a synthetic-judge cell runs the ablation."""
     out, png, md = tmp_path / "speedup.json", tmp_path / "speedup.png", tmp_path / "speedup.md"
-    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--quick", "--seeds", "1",
-                           "--ablation-seeds", "2", "--steps", "2", "--eval-points", "2", "--group-size", "2",
-                           "--groups-per-step", "2", "--held-out", "iris", "--workers", "1", "--sandboxes", "2",
-                           "--cap", "3", "--json", str(out), "--plot", str(png), "--markdown", str(md)],
+    cell = JUDGE_GRID[-1].name
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--quick", "--tuning-seeds", "1",
+                           "--seeds", "1", "--ablation-seeds", "2", "--steps", "2", "--eval-points", "2",
+                           "--group-size", "2", "--groups-per-step", "2", "--real-groups", "1,2", "--lrs", "0.002,0.004",
+                           "--slots", "2,8", "--judge-grid", cell, "--held-out", "iris", "--workers", "1",
+                           "--sandboxes", "2", "--cap", "3", "--json", str(out), "--plot", str(png), "--markdown", str(md)],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == data  # printed as JSON too
-    assert data["version"] == 2 and data["levels_run"] == [HEADLINE_OPTIMISM] and data["budget_s"] > 0
+    assert data["version"] == 3 and data["headline_slots"] == 2 and set(data["budgets_s"]) == {"2", "8"}
+    assert data["budgets_s"]["8"] < data["budgets_s"]["2"]  # more slots, shorter waits for the same steps
     assert set(data["arms"]) == {"real", "worldModel", *ABLATION_ORDER}
-    assert isinstance(data["target_reward"], float) and "speedup" in data
+    assert set(data["real_arms"]) == {"real-g1-lr0.002", "real-g1-lr0.004", "real-g2-lr0.002", "real-g2-lr0.004"}
+    assert isinstance(data["target_reward"], float) and "speedup" in data and data["async"]["measured"] is False
     for name, arm in data["arms"].items():
         for key in ("time_to_target_s", "executions_to_target", "final_reward", "final_reward_std", "auc", "reach_rate"):
             assert key in arm, (name, key)
-    real = [r for r in data["runs"] if r["arm"] == "real"]
-    assert len(real) == 2 and all(r["steps"] == 2 and r["executions"] == 8 for r in real)  # all 2 x 2 rollouts, twice
+    for p, pool in data["slots"].items():
+        best = data["tuning"]["chosen"][p]["best_real"]
+        assert pool["best_real"] == best and pool["target_reward"] == pytest.approx(pool["configs"][best]["final_reward"])
+    tuning = [r for r in data["runs"] if r["seed"] >= 1000]
+    assert {r["config"] for r in tuning} == {*data["real_arms"], "wmrl-g2-lr0.002", "wmrl-g2-lr0.004"}
+    reference = [r for r in tuning if r["config"] == data["reference"]]
+    assert len(reference) == 1 and reference[0]["steps"] == 2 and reference[0]["executions"] == 8
     for run in data["runs"]:
-        assert 0.0 <= run["final_reward"] <= 1.0 and run["curve"][0]["cost_s"] == 0.0
+        assert 0.0 <= run["final_reward"] <= 1.0 and set(run["curve"][0]["cost_s"].values()) == {0.0}
         assert abs(sum(run["curve"][0]["mass"].values()) - 1.0) < 1e-6  # the exact evaluation covers every script
-        if run["arm"] in ABLATION_ORDER:  # stepped until the budget (or the cap of 3 x 2 steps)
-            assert run["stopped_by"] == "budget" or run["steps"] == 6
-            assert run["stopped_by"] != "budget" or run["cost_s"] >= data["budget_s"]
+        assert len(run["step_costs"]) == run["steps"]  # every step's costs kept for re-scoring
+        if run["stopped_by"] == "budget":  # spent at every pool size
+            assert all(run["cost_s"][p] >= data["budgets_s"][p] for p in ("2", "8"))
     world = [r for r in data["runs"] if r["arm"] == "worldModel"]
-    assert world and all(r["executions"] == 0 and r["steps"] == 6 for r in world)
-    assert "ablation" in data["levels"][f"{HEADLINE_OPTIMISM:g}"]
-    assert png.stat().st_size > 5000 and "Page's L test" in md.read_text()
+    assert world and all(r["executions"] == 0 for r in world)
+    grid = [r for r in data["runs"] if r.get("judge_cell") == cell]
+    assert len(grid) == 4 * 2 and cell in data["judge_grid"]["cells"]
+    assert data["tests"] and all(t["p_holm"] >= t["p"] for t in data["tests"])
+    assert png.stat().st_size > 5000 and "Holm" in md.read_text() and "P = 8" in md.read_text()
 
 
 def test_the_multi_turn_preset_trains_four_turn_arms_at_equal_cost(tmp_path):
     out = tmp_path / "speedup.json"
     proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--multiturn", "--seeds", "1",
+                           "--tuning-seeds", "1", "--real-groups", "2", "--lrs", "0.002", "--slots", "2",
                            "--steps", "2", "--eval-points", "1", "--group-size", "2", "--groups-per-step", "2",
                            "--held-out", "iris", "--workers", "1", "--sandboxes", "2", "--cap", "2",
                            "--json", str(out)], capture_output=True, text=True, timeout=1800)
@@ -133,13 +213,14 @@ def test_the_wide_preset_trains_the_wide_coder_and_samples_its_held_out_scripts(
     out = tmp_path / "speedup.json"
     proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--wide", "--seeds", "1",
                            "--ablation-seeds", "1", "--arms", "real,wmrl", "--bias", "0.2", "--steps", "2",
+                           "--tuning-seeds", "1", "--real-groups", "2", "--lrs", "0.002", "--slots", "2",
                            "--eval-points", "1", "--group-size", "2", "--groups-per-step", "2", "--held-out", "iris",
                            "--workers", "1", "--sandboxes", "2", "--cap", "2", "--json", str(out)],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["space"] == "wide" and "256 sampled scripts" in data["held_out_evaluation"]
-    assert data["levels_run"] == [0.2] and set(data["arms"]) == {"real", "wmrl"}
+    assert data["optimism"] == 0.2 and set(data["arms"]) == {"real", "wmrl"}
     for run in data["runs"]:
         assert run["job"]["spec_overrides"]["space"] == "wide"
         assert all(point["samples"] == 256 and 0.0 <= point["reward"] <= 1.0 for point in run["curve"])
@@ -154,7 +235,8 @@ def test_the_wide_preset_trains_the_wide_coder_and_samples_its_held_out_scripts(
 def test_a_finished_run_is_reused_only_for_the_same_job(tmp_path):
     from wmrl_bench.arm_run import _finished, _identity
 
-    job = Job(arm="wmrl", seed=2, optimism=0.2, steps=12, budget_s=40.0, eval_points=4, slots=2, judge_cost=1.0,
+    job = Job(arm="wmrl", seed=2, groups_per_step=4, learning_rate=0.002, optimism=0.2, steps=12,
+              budgets={"2": 40.0, "8": 20.0}, eval_points=4, slots=(2, 8), judge_cost=1.0,
               sandbox_urls=["http://127.0.0.1:1"], table_path="/x.jsonl", work_dir=str(tmp_path))
     run_dir = tmp_path / job.name()
     assert _finished(run_dir, job) is None
@@ -162,8 +244,8 @@ def test_a_finished_run_is_reused_only_for_the_same_job(tmp_path):
     (run_dir / "result.json").write_text(json.dumps({"final_reward": 0.5, "job": _identity(job)}))
     moved = Job(**{**job.__dict__, "sandbox_urls": ["http://127.0.0.1:2"], "table_path": "/y.jsonl"})
     assert _finished(run_dir, moved)["final_reward"] == 0.5  # other services, same run
-    other = Job(**{**job.__dict__, "budget_s": 41.0})
-    assert _finished(run_dir, other) is None
+    for change in ({"budgets": {"2": 41.0, "8": 20.0}}, {"learning_rate": 0.004}, {"judge_cell": "g3-s0.05"}):
+        assert _finished(run_dir, Job(**{**job.__dict__, **change})) is None, change
     (run_dir / "result.json").write_text('{"final_reward": 0.5, "jo')  # cut off: not finished
     assert _finished(run_dir, job) is None
 
@@ -173,7 +255,7 @@ def test_live_mode_reports_modelled_against_measured_cost(tmp_path):
     out = tmp_path / "live.json"
     proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--live", "--steps", "2",
                            "--eval-points", "1", "--group-size", "2", "--groups-per-step", "2", "--held-out", "iris",
-                           "--sandboxes", "2", "--cap", "2", "--json", str(out)],
+                           "--sandboxes", "2", "--cap", "2", "--slots", "2", "--json", str(out)],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -181,6 +263,6 @@ def test_live_mode_reports_modelled_against_measured_cost(tmp_path):
     real, wmrl = data["arms"]["real"], data["arms"]["wmrl"]
     assert real["executions"] == 8 and real["steps"] == 2  # every rollout executed for real, twice 2 x 2
     for arm in (real, wmrl):
-        assert arm["measured_s"] > 0 and arm["modelled_cost_s"] > 0
-        assert arm["modelled_over_measured"] == pytest.approx(arm["modelled_cost_s"] / arm["measured_s"])
+        assert arm["measured_s"] > 0 and arm["modelled_cost_s"]["2"] > 0
+        assert arm["modelled_over_measured"]["2"] == pytest.approx(arm["modelled_cost_s"]["2"] / arm["measured_s"])
     assert all(r["table"]["hits"] == 0 for r in data["runs"])  # live: nothing served from the table

@@ -1,13 +1,16 @@
-"""The speedup benchmark's figures from its runs: curves on a common cost grid, times to target, statistics.
+"""The speedup benchmark's figures from its runs (v3): every configuration judged at the budget, per pool size.
 
-**Measured** (per arm, per bias level): the held-out reward curve, exact under the
-policy's distribution (:func:`wmrl_bench.arm_run.held_out_reward`), against cost and
-against real executions, as a mean over seeds on a common cost grid; final reward (mean,
-std, per seed); time and executions to target (target = the ``real`` arm's mean final
-reward; where the arm's mean curve first reaches it, and per seed), reach rate, area under
-reward-vs-cost; for wmrl against real: paired bootstrap 95% intervals on the final-reward
-difference and on the log speedup; for the ablation: Page's L test of the paper's order
-(none < denoising < debiasing < both) and Holm-corrected pairwise Wilcoxon tests.
+For each pool size P and its budget B (:mod:`.design`): every configuration's mean held-out reward
+curve up to B (each run's curve read on P's clock, linear between evaluations), its reward at B
+(``final_reward``), the time and executions at which its mean curve first reaches the target within B
+(None: not reached within the budget, a censored observation, never counted as 0), per seed likewise,
+and the reach rate. The target is the best real configuration's mean reward at B (chosen on the tuning
+seeds by :func:`choose`), so t_real = B and wmrl's speedup is B / its time to target.
+
+Intervals: a t-interval below :data:`~wmrl_bench.stats.BOOTSTRAP_MIN_SEEDS` seeds, a bootstrap from
+there on, which recomputes exactly the headline (target and wmrl's mean curve) over resampled paired
+seeds. Tests: two-sided Wilcoxon for comparisons, Page's L test for a predicted order, one-sided
+Wilcoxon for a pre-registered prediction; :func:`holm_over_run` adjusts every test of a run together.
 
 Pure: runs (the ``result.json`` of :func:`wmrl_bench.arm_run.run_job`) in, JSON-ready dicts out.
 """
@@ -20,7 +23,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from wmrl_bench.design import ABLATION_ORDER
-from wmrl_bench.stats import area_under_curve, bootstrap_ci, paired_bootstrap_ci, page_test, pairwise_tests, reach_rate
+from wmrl_bench.stats import (BOOTSTRAP_MIN_SEEDS, area_under_curve, bootstrap_ci, holm, mean_interval,
+                              page_test, pairwise_tests, reach_rate, wilcoxon)
 
 REACH_TOLERANCE = 1e-9
 """A curve reaches a target within this much: a mean curve taken over the same finals as the
@@ -49,123 +53,213 @@ def _std(values: Sequence[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def on_grid(run: dict[str, Any], key: str, grid: np.ndarray) -> np.ndarray:
-    """A run's ``key`` (reward or executions) at each cost of ``grid``: linear between evaluations, held after the last."""
-    xs = [p["cost_s"] for p in run["curve"]]
-    return np.interp(grid, xs, [p[key] for p in run["curve"]])
-
-
-def mean_curve(runs: Sequence[dict[str, Any]], grid: np.ndarray) -> dict[str, list[float]]:
-    """Reward (mean and std over ``runs``) and executions (mean) at each cost of ``grid``."""
-    rewards = np.array([on_grid(r, "reward", grid) for r in runs])
-    executions = np.array([on_grid(r, "executions", grid) for r in runs])
-    return {"cost_s": grid.tolist(), "reward": rewards.mean(axis=0).tolist(),
-            "reward_std": (rewards.std(axis=0, ddof=1) if len(runs) > 1 else np.zeros(len(grid))).tolist(),
-            "executions": executions.mean(axis=0).tolist()}
-
-
-def arm_summary(runs: Sequence[dict[str, Any]], grid: np.ndarray, target: Optional[float], budget: float) -> dict[str, Any]:
-    """One arm's figures: its mean curve on ``grid``, final reward, cost, area under reward-vs-cost up to
-    ``budget`` and, given a ``target``, time and executions to it (of the mean curve and per seed)."""
-    curve = mean_curve(runs, grid)
-    finals = [r["final_reward"] for r in runs]
-    entry: dict[str, Any] = {
-        "seeds": [r["seed"] for r in runs],
-        "final_reward": float(np.mean(finals)), "final_reward_std": _std(finals), "final_reward_per_seed": finals,
-        "initial_reward": float(np.mean([r["initial_reward"] for r in runs])),
-        "steps": float(np.mean([r["steps"] for r in runs])), "steps_per_seed": [r["steps"] for r in runs],
-        "cost_s": float(np.mean([r["cost_s"] for r in runs])),
-        "cost_breakdown_s": {k: float(np.mean([r[f"{k}_s"] for r in runs])) for k in ("compute", "judge", "executions")},
-        "executions": float(np.mean([r["executions"] for r in runs])),
-        "auc": float(np.mean([area_under_curve([p["cost_s"] for p in r["curve"]], [p["reward"] for p in r["curve"]],
-                                               budget) for r in runs])),
-        "curve": curve,
-        "time_to_target_s": None, "executions_to_target": None,
-        "time_to_target_s_per_seed": [], "executions_to_target_per_seed": [], "reach_rate": None,
-    }
-    if target is not None:
-        entry["time_to_target_s"] = crossing(curve["cost_s"], curve["reward"], target)
-        entry["executions_to_target"] = crossing(curve["executions"], curve["reward"], target)
-        for run in runs:
-            xs, ys = [p["cost_s"] for p in run["curve"]], [p["reward"] for p in run["curve"]]
-            entry["time_to_target_s_per_seed"].append(crossing(xs, ys, target))
-            entry["executions_to_target_per_seed"].append(crossing([p["executions"] for p in run["curve"]], ys, target))
-        entry["reach_rate"] = reach_rate(entry["time_to_target_s_per_seed"])
-    return entry
-
-
-def _paired(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
-    """The runs of two arms on the seeds both have, in seed order."""
-    by_b = {r["seed"]: r for r in b}
-    common = sorted(r["seed"] for r in a if r["seed"] in by_b)
-    by_a = {r["seed"]: r for r in a}
-    return [by_a[s] for s in common], [by_b[s] for s in common]
-
-
-def log_speedup_statistic(real: Sequence[dict], wmrl: Sequence[dict], grid: np.ndarray) -> Callable[[np.ndarray], float]:
-    """log(real's time to target / wmrl's) over a resample of seeds: both mean curves and the target recomputed.
-
-    -inf when wmrl's mean curve never reaches the target, +inf when it starts there.
-    """
-    real_rewards = np.array([on_grid(r, "reward", grid) for r in real])
-    wmrl_rewards = np.array([on_grid(r, "reward", grid) for r in wmrl])
-    real_finals = np.array([r["final_reward"] for r in real])
-
-    def statistic(idx: np.ndarray) -> float:
-        target = float(real_finals[idx].mean())
-        t_real = crossing(grid, real_rewards[idx].mean(axis=0), target)
-        t_wmrl = crossing(grid, wmrl_rewards[idx].mean(axis=0), target)
-        if t_wmrl is None:
-            return -math.inf
-        if t_wmrl == 0:
-            return math.inf if t_real else math.nan
-        return math.log(t_real / t_wmrl) if t_real else -math.inf
-    return statistic
-
-
-def level_summary(runs_by_arm: dict[str, list[dict[str, Any]]], budget: float, points: int = 50,
-                  seed: int = 0) -> dict[str, Any]:
-    """Every figure of one bias level (see the module docstring)."""
-    # To the last cost any run reached: the real runs' own costs spread around the budget (their mean).
-    end = max([budget] + [r["curve"][-1]["cost_s"] for runs in runs_by_arm.values() for r in runs])
-    grid = np.linspace(0.0, end, points + 1)
-    real = runs_by_arm.get("real", [])
-    target = float(np.mean([r["final_reward"] for r in real])) if real else None
-    arms = {arm: arm_summary(runs, grid, target, budget) for arm, runs in runs_by_arm.items() if runs}
-    out: dict[str, Any] = {"target_reward": target, "speedup": None, "arms": arms}
-    real_t = arms.get("real", {}).get("time_to_target_s")
-    wmrl_t = arms.get("wmrl", {}).get("time_to_target_s")
-    if real_t is not None and wmrl_t not in (None, 0):
-        out["speedup"] = real_t / wmrl_t
-    if real and runs_by_arm.get("wmrl"):
-        a, b = _paired(runs_by_arm["wmrl"], real)
-        if len(a) >= 2:
-            diff = paired_bootstrap_ci([r["final_reward"] for r in a], [r["final_reward"] for r in b], seed=seed)
-            log_speed = bootstrap_ci(log_speedup_statistic(b, a, grid), len(a), seed=seed)
-            out["wmrl_vs_real"] = {
-                "seeds": [r["seed"] for r in a],
-                "final_reward_difference": diff,
-                "log_speedup": log_speed,
-                "speedup_ci": [_exp(log_speed["low"]), _exp(log_speed["high"])],
-            }
-    ablation = [arm for arm in ABLATION_ORDER if runs_by_arm.get(arm)]
-    if len(ablation) == len(ABLATION_ORDER):
-        seeds = sorted(set.intersection(*({r["seed"] for r in runs_by_arm[arm]} for arm in ablation)))
-        if len(seeds) >= 2:
-            finals = {arm: {r["seed"]: r["final_reward"] for r in runs_by_arm[arm]} for arm in ablation}
-            matrix = np.array([[finals[arm][s] for arm in ablation] for s in seeds])
-            pairs = [(ablation[j], ablation[i]) for i in range(len(ablation)) for j in range(i + 1, len(ablation))]
-            out["ablation"] = {
-                "seeds": seeds,
-                "mean_final_reward": dict(zip(ablation, matrix.mean(axis=0).tolist())),
-                "page": page_test(matrix, ABLATION_ORDER, ablation),
-                "pairwise": pairwise_tests(matrix, ablation, pairs),
-            }
-    return out
-
-
 def _exp(value: Optional[float]) -> Optional[float]:
     """exp of a log-speedup bound: 0 for -inf (never reached), inf for inf (at the start), None for None or NaN."""
     if value is None or math.isnan(value):
         return None
     return 0.0 if value == -math.inf else (math.inf if value == math.inf else math.exp(value))
+
+
+def _costs(run: dict[str, Any], pool: str) -> list[float]:
+    return [p["cost_s"][pool] for p in run["curve"]]
+
+
+def at_cost(run: dict[str, Any], pool: str, cost: float, key: str = "reward") -> float:
+    """A run's ``key`` at ``cost`` on pool ``pool``'s clock: linear between evaluations, held after the last."""
+    return float(np.interp(cost, _costs(run, pool), [p[key] for p in run["curve"]]))
+
+
+def _within(run: dict[str, Any], pool: str, budget: float) -> tuple[list[float], list[float]]:
+    """The run's curve up to the budget, ending exactly at it (interpolated)."""
+    xs, ys = [], []
+    for point, x in zip(run["curve"], _costs(run, pool)):
+        if x >= budget:
+            break
+        xs.append(x)
+        ys.append(point["reward"])
+    return xs + [budget], ys + [at_cost(run, pool, budget)]
+
+
+def config_summary(runs: Sequence[dict[str, Any]], pool: str, budget: float, target: Optional[float],
+                   points: int = 50, seed: int = 0) -> dict[str, Any]:
+    """One configuration at pool size ``pool``: its mean curve up to the budget, its reward at the budget
+    (``final_reward``: mean, std, interval, per seed) and, given a ``target``, the time and executions at
+    which its mean curve first reaches it within the budget (None: not reached, censored at the budget),
+    per seed likewise, and the reach rate."""
+    grid = np.linspace(0.0, budget, points + 1)
+    rewards = np.array([[at_cost(r, pool, x) for x in grid] for r in runs])
+    executions = np.array([[at_cost(r, pool, x, "executions") for x in grid] for r in runs])
+    finals = rewards[:, -1].tolist()
+    entry: dict[str, Any] = {
+        "seeds": [r["seed"] for r in runs],
+        "final_reward": float(np.mean(finals)), "final_reward_std": _std(finals), "final_reward_per_seed": finals,
+        "final_reward_interval": mean_interval(finals, seed=seed),
+        "initial_reward": float(np.mean([r["initial_reward"] for r in runs])),
+        "steps_at_budget": float(np.mean([at_cost(r, pool, budget, "step") for r in runs])),
+        "executions": float(executions[:, -1].mean()),
+        "auc": float(np.mean([area_under_curve(*_within(r, pool, budget), budget) for r in runs])),
+        "curve": {"cost_s": grid.tolist(), "reward": rewards.mean(axis=0).tolist(),
+                  "reward_std": (rewards.std(axis=0, ddof=1) if len(runs) > 1 else np.zeros(len(grid))).tolist(),
+                  "executions": executions.mean(axis=0).tolist()},
+        "time_to_target_s": None, "executions_to_target": None, "reached": None,
+        "time_to_target_s_per_seed": [], "reach_rate": None,
+    }
+    if target is not None:
+        t = crossing(grid, entry["curve"]["reward"], target)
+        entry["reached"] = t is not None
+        entry["time_to_target_s"] = t
+        entry["executions_to_target"] = None if t is None else float(np.interp(t, grid, entry["curve"]["executions"]))
+        entry["time_to_target_s_per_seed"] = [crossing(*_within(r, pool, budget), target) for r in runs]
+        entry["reach_rate"] = reach_rate(entry["time_to_target_s_per_seed"])
+    return entry
+
+
+def choose(tuning: dict[str, list[dict[str, Any]]], pool: str, budget: float) -> dict[str, Any]:
+    """The best real configuration and wmrl's learning rate at pool size ``pool``: the highest mean reward at
+    the budget over the tuning seeds (ties: the first in name order)."""
+    means = {name: float(np.mean([at_cost(r, pool, budget) for r in runs])) for name, runs in sorted(tuning.items())}
+    best = {}
+    for arm in ("real", "wmrl"):
+        named = [n for n in means if tuning[n][0]["arm"] == arm]
+        best[arm] = max(named, key=lambda n: means[n]) if named else None
+    return {"best_real": best["real"], "wmrl": best["wmrl"], "reward_at_budget": means,
+            "wmrl_learning_rate": tuning[best["wmrl"]][0]["learning_rate"] if best["wmrl"] else None}
+
+
+def _by_seed(runs: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {r["seed"]: r for r in runs}
+
+
+def speedup_statistic(real: Sequence[dict], wmrl: Sequence[dict], pool: str, budget: float,
+                      points: int = 50) -> Callable[[np.ndarray], float]:
+    """log(budget / wmrl's time to target) over a resample of paired seeds, recomputing the target (the real
+    configuration's mean reward at the budget) and wmrl's mean curve: -inf when it is not reached within the
+    budget, +inf when wmrl starts there."""
+    grid = np.linspace(0.0, budget, points + 1)
+    real_finals = np.array([at_cost(r, pool, budget) for r in real])
+    wmrl_rewards = np.array([[at_cost(r, pool, x) for x in grid] for r in wmrl])
+
+    def statistic(idx: np.ndarray) -> float:
+        t = crossing(grid, wmrl_rewards[idx].mean(axis=0), float(real_finals[idx].mean()))
+        if t is None:
+            return -math.inf
+        return math.inf if t == 0 else math.log(budget / t)
+    return statistic
+
+
+def pool_summary(runs: dict[str, list[dict[str, Any]]], pool: str, budget: float, best_real: str,
+                 wmrl: Optional[str], seed: int = 0) -> dict[str, Any]:
+    """Every figure at pool size ``pool`` from the evaluation seeds' runs by configuration: the target (the
+    best real configuration's mean reward at the budget, so t_real = the budget), every configuration's
+    summary, wmrl's speedup (budget / its time to target; None: not reached within the budget) and its
+    comparison with the best real configuration, paired by seed."""
+    target = float(np.mean([at_cost(r, pool, budget) for r in runs[best_real]]))
+    configs = {name: config_summary(rs, pool, budget, target, seed=seed) for name, rs in runs.items() if rs}
+    out: dict[str, Any] = {"budget_s": budget, "best_real": best_real, "wmrl": wmrl, "target_reward": target,
+                           "speedup": None, "configs": configs, "tests": []}
+    if wmrl is None or wmrl not in configs:
+        return out
+    t = configs[wmrl]["time_to_target_s"]
+    out["speedup"] = (budget / t) if t else None
+    real_seeds, wmrl_seeds = _by_seed(runs[best_real]), _by_seed(runs[wmrl])
+    common = sorted(set(real_seeds) & set(wmrl_seeds))
+    if len(common) < 2:
+        return out
+    a, b = [wmrl_seeds[s] for s in common], [real_seeds[s] for s in common]
+    diffs = [at_cost(x, pool, budget) - at_cost(y, pool, budget) for x, y in zip(a, b)]
+    versus: dict[str, Any] = {"seeds": common, "reward_difference_at_budget": mean_interval(diffs, seed=seed)}
+    per_seed = [crossing(*_within(r, pool, budget), target) for r in a]
+    versus["speedup_per_seed"] = [budget / x if x else None for x in per_seed]
+    versus["not_reached_within_budget"] = sum(x is None for x in per_seed)
+    if len(common) >= BOOTSTRAP_MIN_SEEDS:
+        log_speed = bootstrap_ci(speedup_statistic(b, a, pool, budget), len(common), seed=seed)
+        versus["log_speedup"] = log_speed
+        versus["speedup_interval"] = [_exp(log_speed["low"]), _exp(log_speed["high"])]
+    else:  # too few seeds for a bootstrap interval: the per-seed range, censored runs counted apart
+        reached = [x for x in versus["speedup_per_seed"] if x is not None]
+        versus["speedup_range"] = [min(reached), max(reached)] if reached else None
+    out["wmrl_vs_best_real"] = versus
+    out["tests"].append({"name": f"P{pool}: {wmrl} vs {best_real}, reward at budget", "test": "wilcoxon two-sided",
+                         "n": len(diffs), "mean_difference": float(np.mean(diffs)), "p": wilcoxon(diffs)})
+    return out
+
+
+def ablation_summary(runs: dict[str, list[dict[str, Any]]], pool: str, budget: float,
+                     label: str = "") -> Optional[dict[str, Any]]:
+    """Page's L test of the paper's order (none < denoise < debias < wmrl) on reward at the budget, and
+    two-sided pairwise Wilcoxon tests, over the seeds every ablation arm has (``runs`` keyed by arm)."""
+    if not all(runs.get(arm) for arm in ABLATION_ORDER):
+        return None
+    seeds = sorted(set.intersection(*({r["seed"] for r in runs[arm]} for arm in ABLATION_ORDER)))
+    if len(seeds) < 2:
+        return None
+    finals = {arm: {r["seed"]: at_cost(r, pool, budget) for r in runs[arm]} for arm in ABLATION_ORDER}
+    matrix = np.array([[finals[arm][s] for arm in ABLATION_ORDER] for s in seeds])
+    pairs = [(ABLATION_ORDER[j], ABLATION_ORDER[i]) for i in range(len(ABLATION_ORDER))
+             for j in range(i + 1, len(ABLATION_ORDER))]
+    page = page_test(matrix, ABLATION_ORDER, ABLATION_ORDER)
+    pairwise = pairwise_tests(matrix, ABLATION_ORDER, pairs)
+    tests = [{"name": f"{label}ablation order (Page)", "test": "page", "n": len(seeds), "p": page["p"]}]
+    tests += [{"name": f"{label}{p['a']} vs {p['b']}", "test": "wilcoxon two-sided", "n": len(seeds),
+               "mean_difference": p["mean_difference"], "p": p["p"]} for p in pairwise]
+    return {"seeds": seeds, "mean_final_reward": dict(zip(ABLATION_ORDER, matrix.mean(axis=0).tolist())),
+            "page": page, "pairwise": pairwise, "tests": tests}
+
+
+def holm_over_run(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every test of a run in one family: each gets ``p_holm`` adjusted over all of them."""
+    adjusted = holm({str(i): t["p"] for i, t in enumerate(tests)})
+    return [{**t, "p_holm": adjusted[str(i)]} for i, t in enumerate(tests)]
+
+
+def _arm_difference(runs: Sequence[dict[str, Any]], a: str, b: str, pool: str, budget: float) -> dict[int, float]:
+    """Per seed: arm ``a``'s reward at the budget minus arm ``b``'s (seeds both have)."""
+    ra = {r["seed"]: at_cost(r, pool, budget) for r in runs if r["arm"] == a}
+    rb = {r["seed"]: at_cost(r, pool, budget) for r in runs if r["arm"] == b}
+    return {s: ra[s] - rb[s] for s in sorted(set(ra) & set(rb))}
+
+
+def judge_grid_summary(runs: Sequence[dict[str, Any]], cells: Sequence[str], pool: str, budget: float,
+                       predictions: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The corrections' ablation on each synthetic-judge cell, and the pre-registered predictions
+    (:data:`~wmrl_bench.synthetic_judge.PREDICTIONS`: ``effect`` "arm - arm", ``cells`` ordered by the
+    predicted size of the effect, ``null_in`` cells where none is predicted, ``positive_in`` cells where
+    it is > 0) tested: a one-sided Wilcoxon test (the correction helps) in every named cell, marked
+    predicted or control, and Page's test that the effect grows along ``cells`` (seeds paired across
+    cells)."""
+    out: dict[str, Any] = {"cells": {}, "predictions": [], "tests": []}
+    by_cell = {c: [r for r in runs if r.get("judge_cell") == c] for c in cells}
+    for cell, cell_runs in by_cell.items():
+        summary = ablation_summary({arm: [r for r in cell_runs if r["arm"] == arm] for arm in ABLATION_ORDER},
+                                   pool, budget, label=f"judge {cell}: ")
+        if summary is not None:
+            out["cells"][cell] = {k: v for k, v in summary.items() if k != "tests"}
+            out["tests"] += summary["tests"]
+    for prediction in predictions:
+        a, b = (x.strip() for x in prediction["effect"].split("-"))
+        entry: dict[str, Any] = {**prediction, "per_cell": {}}
+        order = list(prediction.get("cells", ()))
+        nulls = set(prediction.get("null_in", ()))
+        predicted = set(prediction.get("positive_in", ())) | (set(order) - nulls)
+        named = [c for c in dict.fromkeys([*order, *prediction.get("positive_in", ()), *nulls])]
+        diffs = {c: _arm_difference(by_cell[c], a, b, pool, budget) for c in named if by_cell.get(c)}
+        for cell, d in diffs.items():
+            if len(d) < 2:
+                continue
+            expected = cell in predicted
+            p = wilcoxon(list(d.values()), alternative="greater")
+            entry["per_cell"][cell] = {"mean_difference": float(np.mean(list(d.values()))), "p_one_sided": p,
+                                       "effect_predicted": expected}
+            out["tests"].append({"name": f"prediction {prediction['effect']} > 0 in {cell}"
+                                         + ("" if expected else " (control: none predicted)"),
+                                 "test": "wilcoxon one-sided", "n": len(d), "p": p, "predicted": expected})
+        order = [c for c in order if c in diffs]
+        if len(order) >= 3:
+            seeds = sorted(set.intersection(*(set(diffs[c]) for c in order)))
+            if len(seeds) >= 2:
+                page = page_test([[diffs[c][s] for c in order] for s in seeds], order, order)
+                entry["page"] = page
+                out["tests"].append({"name": f"prediction {prediction['effect']} grows along {order}",
+                                     "test": "page", "n": len(seeds), "p": page["p"], "predicted": True})
+        out["predictions"].append(entry)
+    return out

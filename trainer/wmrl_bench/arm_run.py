@@ -7,7 +7,10 @@ for real on the sandbox servers), and the clock is :mod:`.cost`'s. After every s
 step's cost is added up; the run evaluates the held-out tasks each time its cost crosses
 the next of ``eval_points`` equal fractions of the budget (the ``worldModel`` arm, whose
 steps cost almost nothing, at fractions of its step cap instead), and stops once it has
-spent the budget or reached its step cap. Its ``result.json`` is written last, atomically: a
+spent the budget or reached its step cap. The clock runs at every pool size of the job's sweep at
+once (a synchronous step's learning does not depend on the pool): every cost is a mapping from pool
+size to seconds, and each step's costs and execution durations are kept (``step_costs``) so any other
+pool size can be scored from the result alone. Its ``result.json`` is written last, atomically: a
 benchmark run again with the same ``--work-dir`` reuses every run that finished.
 
 Held-out reward is exact for single turns: the expected real reward under the policy's own
@@ -80,7 +83,8 @@ def held_out_trajectory_reward(model: Any, tokenizer: Any, held_out: list[Any], 
 
 
 def run_job(job: Job) -> dict[str, Any]:
-    """Train one (arm, bias level, seed) until the budget or the step cap; its curve and costs."""
+    """Train one configuration at one seed until its budget is spent at every pool size (or its step cap);
+    its curve and costs at every pool size."""
     # torch takes seconds to import: only a training run pays for it, not `wmrl bench speedup --help`.
     import torch
 
@@ -92,7 +96,8 @@ def run_job(job: Job) -> dict[str, Any]:
     torch.set_num_threads(job.threads)
     started = time.perf_counter()
     shutil.rmtree(run_dir, ignore_errors=True)
-    config = arm_config(job.arm, job.seed, job.steps, optimism=job.optimism, **job.spec_overrides)
+    config = arm_config(job.arm, job.seed, job.steps, optimism=job.optimism, groups_per_step=job.groups_per_step,
+                        learning_rate=job.learning_rate, **job.spec_overrides)
     config = local_runtime(config, run_dir, job.sandbox_urls, None)
     spec = config.spec
     tasks, held_out = load_training_tasks(config)
@@ -100,15 +105,18 @@ def run_job(job: Job) -> dict[str, Any]:
                                   timeout=spec.sandbox.timeout_seconds + 30) if job.sandbox_urls else None
     dispatcher = TableDispatcher(OutcomeTable(Path(job.table_path)), sandboxes, timeout=spec.sandbox.timeout_seconds,
                                  live=job.live)
-    # Runs with a budget stop when it is spent and evaluate at fractions of it; the real arm (which sets the
-    # budget) and worldModel (whose steps cost almost nothing) run to their steps and evaluate at fractions of them.
-    budgeted = job.budget_s is not None and spec.mode.value != "worldModel"
+    pools = [str(p) for p in job.slots]
+    # Runs with budgets stop once every pool size's is spent and evaluate at fractions of each; the
+    # reference (which sets the budgets) and worldModel (whose steps cost almost nothing) run their steps
+    # and evaluate at fractions of them.
+    budgeted = job.budgets is not None and spec.mode.value != "worldModel"
     fractions = [k / job.eval_points for k in range(1, job.eval_points + 1)]
-    milestones = {"step": [] if budgeted else [job.steps * f for f in fractions],
-                  "cost": [job.budget_s * f for f in fractions] if budgeted else []}
-    # cost_s: the benchmark's clock; wall_s: what the trainer measured itself (live: real waits on the sandboxes).
-    totals = {"cost_s": 0.0, "compute_s": 0.0, "judge_s": 0.0, "executions_s": 0.0, "wall_s": 0.0, "executions": 0,
-              "steps": 0}
+    milestones = {p: [job.budgets[p] * f for f in fractions] if budgeted else [] for p in pools}
+    step_milestones = [] if budgeted else [job.steps * f for f in fractions]
+    # cost_s: the benchmark's clock per pool size; wall_s: what the trainer measured itself (live: real waits).
+    totals: dict[str, Any] = {"cost_s": {p: 0.0 for p in pools}, "compute_s": 0.0, "judge_s": 0.0,
+                              "executions_s": {p: 0.0 for p in pools}, "wall_s": 0.0, "executions": 0, "steps": 0}
+    step_costs: list[dict[str, Any]] = []
     curve: list[dict[str, Any]] = []
     trainer = None
 
@@ -120,28 +128,36 @@ def run_job(job: Job) -> dict[str, Any]:
                                                seed=7919 + job.seed, max_tokens=spec.algorithm.max_trajectory_tokens)
         else:
             point = held_out_reward(model, trainer.grpo.processing_class, held_out, spec.policy.sampling, dispatcher)
-        point.update(step=totals["steps"], cost_s=totals["cost_s"], executions=totals["executions"])
+        point.update(step=totals["steps"], cost_s=dict(totals["cost_s"]), executions=totals["executions"])
         curve.append(point)
 
-    def crossed(kind: str, value: float) -> bool:
+    def crossed(marks: list[float], value: float) -> bool:
         hit = False
-        while milestones[kind] and value >= milestones[kind][0] - 1e-9:
-            milestones[kind].pop(0)
+        while marks and value >= marks[0] - 1e-9:
+            marks.pop(0)
             hit = True
         return hit
 
     def on_step(record: Any) -> None:
         row = record.to_json()
-        cost = step_cost(row, dispatcher.take_durations(), job.slots, job.judge_cost)
-        totals["cost_s"] += cost.total
-        totals["compute_s"] += cost.compute
-        totals["judge_s"] += cost.judge
-        totals["executions_s"] += cost.executions
+        durations = dispatcher.take_durations()
+        costs = {p: step_cost(row, durations, int(p), job.judge_cost) for p in pools}
+        any_cost = costs[pools[0]]
+        totals["compute_s"] += any_cost.compute
+        totals["judge_s"] += any_cost.judge
+        for p, cost in costs.items():
+            totals["cost_s"][p] += cost.total
+            totals["executions_s"][p] += cost.executions
+        step_costs.append({"compute": any_cost.compute, "judge": any_cost.judge,
+                           "executions": {p: c.executions for p, c in costs.items()},
+                           "durations": [round(d, 4) for d in durations],
+                           "executions_per_turn": (row.get("turns") or {}).get("executions_per_turn")})
         totals["wall_s"] += record.total
         totals["executions"] += record.executions
         totals["steps"] = record.step + 1
-        spent = budgeted and totals["cost_s"] >= job.budget_s
-        hit = crossed("cost", totals["cost_s"]) | crossed("step", totals["steps"])
+        spent = budgeted and all(totals["cost_s"][p] >= job.budgets[p] for p in pools)
+        hit = any([crossed(milestones[p], totals["cost_s"][p]) for p in pools]) | crossed(step_milestones,
+                                                                                           totals["steps"])
         if hit or spent or totals["steps"] >= job.steps:
             evaluate()
         if spent:
@@ -149,8 +165,15 @@ def run_job(job: Job) -> dict[str, Any]:
 
     try:
         policy = load_builtin(spec.policy.model.removeprefix("builtin:"), warm_start_seed=job.seed)
+        world_model = None
+        if job.judge_cell is not None:
+            from wmrl_bench.synthetic_judge import synthetic_world_model
+
+            # The truth comes from the outcome table (a miss executes once, uncharged: it is the judge's input).
+            world_model = synthetic_world_model(job.judge_cell, job.seed, lambda task, code: dispatcher.entries(
+                [(task, code)])[0].outcome.reward)
         trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
-                                callbacks=[on_step])
+                                world_model=world_model, callbacks=[on_step])
         evaluate()
         with open(run_dir / "steps.jsonl", "w") as log, contextlib.redirect_stdout(log):  # the trainer's line per step
             trainer.train()
@@ -160,11 +183,13 @@ def run_job(job: Job) -> dict[str, Any]:
         dispatcher.close()
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     result = {
-        "arm": job.arm, "seed": job.seed, "optimism": job.optimism,
-        "stopped_by": "budget" if budgeted and totals["cost_s"] >= job.budget_s else "steps",
+        "arm": job.arm, "config": job.config, "seed": job.seed, "optimism": job.optimism,
+        "groups_per_step": job.groups_per_step, "learning_rate": job.learning_rate, "judge_cell": job.judge_cell,
+        "stopped_by": "budget" if budgeted and all(totals["cost_s"][p] >= job.budgets[p] for p in pools) else "steps",
         **totals,
         "initial_reward": curve[0]["reward"], "final_reward": curve[-1]["reward"],
         "curve": curve,
+        "step_costs": step_costs,
         "table": {"hits": dispatcher.hits, "misses": dispatcher.misses},
         "elapsed_s": time.perf_counter() - started,
         "job": _identity(job),

@@ -13,6 +13,11 @@ A step's cost (seconds of the trainer's machine, which waits on everything below
   each taking its measured time from the outcome table, handed out in submission order
   to the first free slot (what the dispatcher does). In a multi-turn step a turn's
   executions run together and the next turn waits for them: the makespans of its turns add up.
+
+Every arm of the benchmark is synchronous (a step waits for all of its executions), so the pool is
+empty at each step's end and this per-step makespan is what a pool persisting across steps charges.
+With asynchronous anchors (executions still running when the next step starts) it would not be;
+those are not measured yet. A run keeps each step's durations, so any pool size can be re-scored.
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
-"""The speedup benchmark's experiment: the shared run, the arms, the judge's bias levels, the presets, the jobs.
+"""The speedup benchmark's experiment (v3): the configurations, the tuning and evaluation seeds, the
+sandbox-pool axis, the presets and the jobs. Everything here is fixed before any run.
 
-**Arms** (:data:`ARMS`; one field of the same run each, nothing else differs):
+**Configurations** (:func:`config_name`): an arm of :data:`ARMS` at a ``groupsPerStep`` and a learning
+rate. The real-execution GRPO baseline runs at every ``groupsPerStep`` of :data:`GROUPS_PER_STEP_GRID`
+(same group size: a ``groupsPerStep: 1`` step executes 8 rollouts, about an anchor step's cost) and every
+learning rate of :data:`LR_GRID`; ``wmrl`` runs at every learning rate of the same grid. Nothing else
+differs between configurations.
 
 | arm | spec |
 | --- | --- |
@@ -12,15 +17,24 @@
 | ``denoise`` | ``mode: wmrl``, denoising only |
 | ``wmrlOnline`` | ``wmrl`` with ``worldModel.learnOnline: true`` (beyond the paper) |
 
-**The judge** is the paper's: frozen (``learnOnline: false``), the ``learned`` backend's
-static judge with its built-in complexity bias and hash-seeded noise, plus an optimism
-that grows with script complexity (``worldModel.optimism``). The bias strengths are
-pre-registered in :data:`BIAS_GRID` and every one is reported; :data:`HEADLINE_OPTIMISM`
-(fixed before any measurement) is the level whose figures fill the top-level JSON keys.
+**Choosing, then measuring.** Every real configuration and every wmrl learning rate trains on the
+*tuning* seeds (:data:`TUNING_SEED_BASE` + k, never used again). Per pool size, the best real
+configuration and wmrl's learning rate are the ones with the highest mean held-out reward at the budget
+on those seeds. The *evaluation* seeds (0, 1, ...) then run every real configuration (the table shows
+them all), wmrl at its chosen rate and the other arms at wmrl's rate; the headline compares wmrl with
+the best real configuration on the evaluation seeds only.
 
-**Jobs.** A :class:`Job` is one (arm, bias level, seed) run with its budget; the ``real``
-arm has no world model, so its runs are shared by every level and only the other arms get
-a job per level (:func:`world_model_jobs`).
+**The budget** of a pool size P is what the reference configuration (:data:`REFERENCE`, the v2 real
+arm: ``groupsPerStep`` 4 at learning rate 0.002, ``steps`` steps) costs on average over the tuning seeds
+at P. Every configuration trains until it has spent the budget at every P of the sweep, evaluating on the
+way; each P's figures read its curve at that P's budget.
+
+**The pool** (:data:`SLOTS_GRID`): the clock charges each step's executions on P sandbox slots
+(:mod:`.cost`); every run records each step's costs at every P of the sweep.
+
+**The judge** is the paper's: frozen (``learnOnline: false``), the ``learned`` backend's static judge
+with its complexity bias and hash-seeded noise, plus optimism :data:`HEADLINE_OPTIMISM` (v2's headline
+level). The corrections' ablation on a judge whose distortion is known is :mod:`.synthetic_judge`'s grid.
 """
 
 from __future__ import annotations
@@ -45,9 +59,22 @@ ABLATION_ORDER = ("none", "denoise", "debias", "wmrl")
 """The paper's ablation order, predicted lowest to highest final reward (both > debiasing > denoising > none)."""
 
 BIAS_GRID = (0.0, 0.1, 0.2, 0.3)
-"""Pre-registered judge optimism levels (``spec.worldModel.optimism``); every one is run and reported."""
+"""v2's pre-registered judge optimism levels (``spec.worldModel.optimism``); ``--bias`` still runs any of them."""
 HEADLINE_OPTIMISM = 0.2
-"""Chosen before any measurement: the level whose figures fill the top-level ``arms``/``speedup`` keys."""
+"""Chosen before any measurement: the judge's optimism in every run of v3 (v2's headline level)."""
+
+LR_GRID = (0.001, 0.002, 0.004)
+"""Pre-registered learning rates; every real configuration and wmrl train at each on the tuning seeds."""
+GROUPS_PER_STEP_GRID = (1, 2, 4)
+"""Pre-registered real-execution GRPO batch sizes (groups per step, group size unchanged)."""
+SLOTS_GRID = (2, 8, 32)
+"""Pre-registered sandbox pool sizes the clock charges executions on; every one is reported."""
+HEADLINE_SLOTS = 2
+"""Chosen before any measurement: the pool size whose figures fill the top-level ``arms``/``speedup`` keys."""
+REFERENCE = ("real", 4, 0.002)
+"""(arm, groupsPerStep, learning rate) of the configuration whose cost at ``steps`` steps sets the budget."""
+TUNING_SEED_BASE = 1000
+"""Tuning seeds are TUNING_SEED_BASE + k: disjoint from the evaluation seeds 0, 1, ..."""
 
 BASE_SPEC: dict[str, Any] = {
     "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers",
@@ -66,17 +93,18 @@ BASE_SPEC: dict[str, Any] = {
 """The quickstart's run (examples/quickstart.yaml) with the paper's frozen judge; the bench sets mode, seed and steps."""
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Seeds per arm; the ablation arms (ABLATION_ORDER) get "ablation_seeds".
-    "quick": {"seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4, "bias_grid": (HEADLINE_OPTIMISM,),
+    # Seeds per arm on the evaluation set; the ablation arms (ABLATION_ORDER) get "ablation_seeds";
+    # "tuning_seeds" choose the learning rates and the best real configuration.
+    "quick": {"tuning_seeds": 2, "seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4,
               "arms": ("real", "worldModel", *ABLATION_ORDER)},
-    "full": {"seeds": 10, "ablation_seeds": 20, "steps": 20, "eval_points": 10, "bias_grid": BIAS_GRID,
+    "full": {"tuning_seeds": 3, "seeds": 10, "ablation_seeds": 10, "steps": 20, "eval_points": 10,
              "arms": tuple(ARMS)},
     # The paper's 4-turn loop with the multi-turn tiny coder; held-out reward from sampled trajectories.
-    "multiturn": {"seeds": 3, "ablation_seeds": 3, "steps": 12, "eval_points": 4, "bias_grid": (HEADLINE_OPTIMISM,),
+    "multiturn": {"tuning_seeds": 1, "seeds": 3, "ablation_seeds": 3, "steps": 12, "eval_points": 4,
                   "arms": ("real", "worldModel", "wmrl"), "max_turns": 4},
     # The wide action space (preprocessing chains, large models, hyperparameter tokens, wrappers) where the
     # judge's optimism for complexity can be exploited; held-out reward from sampled scripts.
-    "wide": {"seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4, "bias_grid": BIAS_GRID,
+    "wide": {"tuning_seeds": 2, "seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4,
              "arms": ("real", "worldModel", *ABLATION_ORDER), "space": "wide"},
 }
 MULTI_TURN_POLICY = "tiny-coder-multiturn"
@@ -89,8 +117,14 @@ EVAL_TRAJECTORIES = 256
 to enumerate; each is graded from the outcome table)."""
 
 
+def config_name(arm: str, groups_per_step: int, learning_rate: float) -> str:
+    """The configuration's name in the results: ``real-g1-lr0.004``, ``wmrl-g4-lr0.002``."""
+    return f"{arm}-g{groups_per_step}-lr{learning_rate:g}"
+
+
 def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dict[str, Any] = BASE_SPEC,
                group_size: Optional[int] = None, groups_per_step: Optional[int] = None,
+               learning_rate: Optional[float] = None,
                held_out: Optional[Sequence[str]] = None, max_turns: int = 1, space: str = "tiny") -> RunConfig:
     """The run of ``arm`` at ``seed`` and judge ``optimism``: the base spec with the arm's fields, nothing else
     (``max_turns`` > 1: the multi-turn tiny coder with that many turns; ``space`` "wide": the wide tiny coder
@@ -111,6 +145,8 @@ def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dic
         alg["groupSize"] = group_size
     if groups_per_step is not None:
         alg["groupsPerStep"] = groups_per_step
+    if learning_rate is not None:
+        alg["learningRate"] = learning_rate
     if held_out:
         spec["tasks"]["heldOut"] = list(held_out)
     if "debiasing" in settings:
@@ -124,15 +160,18 @@ def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dic
 
 @dataclass
 class Job:
-    """One run of the benchmark: (arm, bias level, seed), its budget, and the services and folders it uses."""
+    """One run of the benchmark: a configuration (arm, groupsPerStep, learning rate) at a seed, its budgets
+    per pool size, and the services and folders it uses."""
 
     arm: str
     seed: int
+    groups_per_step: int
+    learning_rate: float
     optimism: float
-    steps: int  # the step budget (real) or the step cap (every other arm)
-    budget_s: Optional[float]  # None: run ``steps`` steps (the real arm, which sets the budget)
+    steps: int  # the reference's step count (budgets None), else the step cap
+    budgets: Optional[dict[str, float]]  # pool size -> budget s; None: run ``steps`` steps (the reference)
     eval_points: int
-    slots: int
+    slots: tuple[int, ...]
     judge_cost: float
     sandbox_urls: list[str]
     table_path: str
@@ -140,20 +179,43 @@ class Job:
     spec_overrides: dict[str, Any] = field(default_factory=dict)
     threads: int = 1
     live: bool = False  # execute every rollout on the sandboxes (no table hits): modelled vs measured cost
+    judge_cell: Optional[str] = None  # a synthetic judge of the ablation grid instead of the frozen learned judge
+
+    @property
+    def config(self) -> str:
+        return config_name(self.arm, self.groups_per_step, self.learning_rate)
 
     def name(self) -> str:
-        return f"{self.arm}-b{self.optimism:g}-s{self.seed}"
+        return f"{self.config}-s{self.seed}" + (f"-j{self.judge_cell}" if self.judge_cell else "")
 
 
-def world_model_jobs(arms: Sequence[str], levels: Sequence[float], seeds: int, ablation_seeds: int,
-                     **common: Any) -> list[Job]:
-    """The jobs of every arm but ``real`` at every bias level, the headline level first; the ablation arms
-    (:data:`ABLATION_ORDER`) get ``ablation_seeds`` seeds, the others ``seeds``."""
-    jobs = []
-    for level in sorted(levels, key=lambda b: b != HEADLINE_OPTIMISM):  # the headline level first
-        for arm in arms:
-            if arm == "real":
-                continue  # the real arm has no world model: run once, shared by every level
-            n = ablation_seeds if arm in ABLATION_ORDER else seeds
-            jobs += [Job(arm=arm, seed=s, optimism=level, **common) for s in range(n)]
-    return jobs
+def tuning_seeds(n: int) -> list[int]:
+    return [TUNING_SEED_BASE + k for k in range(n)]
+
+
+def tuning_configs(arms: Sequence[str], real_groups: Sequence[int], lrs: Sequence[float],
+                   base_groups: int) -> list[tuple[str, int, float]]:
+    """What trains on the tuning seeds: every real configuration, and wmrl (if run) at every learning rate."""
+    configs = [("real", g, lr) for g in real_groups for lr in lrs]
+    if "wmrl" in arms:
+        configs += [("wmrl", base_groups, lr) for lr in lrs]
+    return configs
+
+
+def evaluation_configs(arms: Sequence[str], real_groups: Sequence[int], lrs: Sequence[float], base_groups: int,
+                       wmrl_lrs: Sequence[float], ablation_lr: float) -> list[tuple[str, int, float]]:
+    """What trains on the evaluation seeds: every real configuration, wmrl at each learning rate chosen for a
+    pool size, and every other arm at the rate chosen for the headline pool."""
+    configs = [("real", g, lr) for g in real_groups for lr in lrs]
+    configs += [("wmrl", base_groups, lr) for lr in sorted(set(wmrl_lrs)) if "wmrl" in arms]
+    configs += [(arm, base_groups, ablation_lr) for arm in arms if arm not in ("real", "wmrl")]
+    return configs
+
+
+
+def evaluation_seeds(arm: str, seeds: int, ablation_seeds: int) -> list[int]:
+    """The evaluation seeds of ``arm``: the ablation arms (wmrl among them) get ``ablation_seeds``; real gets
+    the larger count so that every wmrl seed has its paired real runs; the others ``seeds``."""
+    if arm == "real":
+        return list(range(max(seeds, ablation_seeds)))
+    return list(range(ablation_seeds if arm in ABLATION_ORDER else seeds))

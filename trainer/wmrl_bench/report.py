@@ -144,10 +144,87 @@ def markdown_v2(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _interval(entry: Optional[dict], digits: int = 3) -> str:
+    if not entry:
+        return "n/a"
+    return (f"{entry['estimate']:+.{digits}f} [{entry['low']:+.{digits}f}, {entry['high']:+.{digits}f}] "
+            f"({entry.get('method', 'bootstrap')}, n = {entry['n']})")
+
+
+def _config_table(pool: dict[str, Any]) -> str:
+    budget = pool["budget_s"]
+    lines = ["| configuration | steps at budget | reward at budget | time to target (s) | reach rate | speedup |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, entry in sorted(pool["configs"].items(), key=lambda kv: (not kv[0].startswith("real-"), kv[0])):
+        t = entry.get("time_to_target_s")
+        mark = " (best real)" if name == pool["best_real"] else " (chosen)" if name == pool.get("wmrl") else ""
+        speed = "not reached within the budget" if t is None else ("at start" if t == 0 else f"{budget / t:.2f}x")
+        reach = entry.get("reach_rate")
+        lines.append(f"| `{name}`{mark} | {entry['steps_at_budget']:.1f} | {entry['final_reward']:.3f} +- "
+                     f"{entry['final_reward_std']:.3f} | {_fmt(t, 1)} | {'n/a' if reach is None else f'{reach:.0%}'} | "
+                     f"{speed} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_v3(results: dict[str, Any]) -> str:
+    """Every pool size's table of configurations, wmrl against the best real configuration, the ablations
+    and every test of the run with its Holm-adjusted p."""
+    head = results["headline_slots"]
+    lines = [f"Budget per pool size (the reference `{results['reference']}`'s mean cost at {results['real_steps']} "
+             f"steps on the tuning seeds {results['tuning']['seeds']}): "
+             + ", ".join(f"P = {p}: {b:.1f} s" for p, b in results["budgets_s"].items())
+             + f". Judge optimism {results['optimism']:g}, judge cost x{results['judge_cost']:g}. "
+             f"Learning rates {results['lr_grid']}, real groupsPerStep {results['real_groups']}."
+             + (f" {results['max_turns']}-turn trajectories; held-out reward: {results['held_out_evaluation']}."
+                if results.get("max_turns", 1) > 1 else "") + "\n"]
+    for p, pool in results["slots"].items():
+        chosen = results["tuning"]["chosen"][p]
+        lines.append(f"#### P = {p} sandbox slots{' (headline)' if int(p) == head else ''}\n")
+        speedup = "not reached within the budget" if pool["speedup"] is None else f"**{pool['speedup']:.2f}x**"
+        lines.append(f"Chosen on the tuning seeds: best real `{chosen['best_real']}`, wmrl `{chosen['wmrl']}`. "
+                     f"Target: the best real configuration's mean reward at the budget, {pool['target_reward']:.3f}; "
+                     f"speedup = budget / time to target: {speedup}.\n")
+        lines.append(_config_table(pool))
+        versus = pool.get("wmrl_vs_best_real")
+        if versus:
+            spread = (f"bootstrap interval {versus['speedup_interval']}" if "speedup_interval" in versus
+                      else f"per-seed range {versus.get('speedup_range')}")
+            lines.append(f"wmrl - best real, reward at the budget: {_interval(versus['reward_difference_at_budget'])}; "
+                         f"speedup {spread}, {versus['not_reached_within_budget']} of {len(versus['seeds'])} seeds "
+                         f"not reached within the budget.\n")
+    ablation = results.get("ablation")
+    if ablation:
+        means = ", ".join(f"{arm} {value:.3f}" for arm, value in ablation["mean_final_reward"].items())
+        lines.append(f"#### Ablation on the frozen judge (P = {head}, {len(ablation['seeds'])} seeds)\n\n"
+                     f"Mean reward at the budget: {means}.\n")
+    grid = results.get("judge_grid") or {}
+    if grid.get("cells"):
+        lines += [f"#### Ablation on the synthetic judge grid (P = {head})\n",
+                  "| cell | " + " | ".join(ABLATION_ORDER_REPORT) + " |",
+                  "| --- |" + " ---: |" * len(ABLATION_ORDER_REPORT)]
+        for cell, entry in grid["cells"].items():
+            lines.append(f"| {cell} | " + " | ".join(f"{entry['mean_final_reward'][a]:.3f}"
+                                                     for a in ABLATION_ORDER_REPORT) + " |")
+        lines.append("")
+    if results.get("async"):
+        lines.append(f"Asynchronous anchors: {'measured' if results['async'].get('measured') else 'not measured'}"
+                     f"{': ' + results['async']['why'] if results['async'].get('why') else ''}.\n")
+    if results.get("tests"):
+        lines += ["#### Every test of this run (Holm over all of them)\n",
+                  "| test | kind | n | p | p (Holm, run) |", "| --- | --- | ---: | ---: | ---: |"]
+        lines += [f"| {t['name']} | {t['test']} | {t['n']} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in results["tests"]]
+    return "\n".join(lines) + "\n"
+
+
+ABLATION_ORDER_REPORT = ("none", "denoise", "debias", "wmrl")
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     """The comparison in the paper's shape: arm, time and executions to target, final reward, speedup."""
     if results.get("version") == 2:
         return markdown_v2(results)
+    if results.get("version") == 3:
+        return markdown_v3(results)
     arms = results["arms"]
     real_time = arms.get("real", {}).get("time_to_target_s")
     target = results.get("target_reward")
@@ -198,7 +275,9 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
                               label=ARM_LABELS.get(name, name),
                               linewidth=2.2 if name in ("real", "wmrl") else 1.2)
             ax.fill_between(x, reward - std, reward + std, color=line.get_color(), alpha=0.15)
-    clock = "modelled compute (s)" if results.get("version") == 2 else "training wall-clock (s)"
+    clock = "training wall-clock (s)" if results.get("version", 1) < 2 else "modelled compute (s)"
+    if results.get("version") == 3:
+        clock += f", {results['headline_slots']} sandbox slots"
     for ax, label in ((axes[0], clock), (axes[1], "real executions")):
         if target is not None:
             ax.axhline(target, color="grey", linestyle="--", linewidth=1)
@@ -215,6 +294,8 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
         title += f", {results['max_turns']}-turn trajectories (best turn)"
     if results.get("version") == 2:
         title += f" at equal compute (judge optimism {results['headline_optimism']:g})"
+    if results.get("version") == 3:
+        title += " at equal compute, best real configuration"
     if results.get("speedup") is not None:
         title += f" (speedup to target {results['speedup']:.2f}x)"
     fig.suptitle(title)

@@ -5,20 +5,22 @@ than real-execution GRPO (most rollouts are graded by the world model instead of
 on sandboxes), reaches GRPO's final score 3.1-3.4x sooner and ends higher. This benchmark
 tests that claim on this machine, at demo scale.
 
-**The experiment** (the run every arm shares, the arms, the judge's pre-registered bias
-levels, the presets and the jobs) is :mod:`.design`'s; each job trains in its own process
-(:mod:`.arm_run`).
+**The experiment** (the configurations, the learning-rate and batch grids, the tuning and
+evaluation seeds, the pool sizes, the presets and the jobs) is :mod:`.design`'s, fixed before any
+run; each job trains in its own process (:mod:`.arm_run`).
 
-**Equal cost.** The ``real`` arm runs its step budget; the mean of its cost is the budget
-every other arm spends (``--budget`` overrides). A step's cost is :mod:`.cost`'s: the
-trainer's measured compute, a modelled LLM-judge cost (``--judge-cost`` x the policy's own
-generation cost per rollout, for every rollout the world model grades) and the makespan of
-the step's executions on ``--slots`` sandbox slots, each at its duration measured once in
-the outcome table (:mod:`.outcome_table`). The ``worldModel`` arm is capped by steps
-(``--cap`` x the real arm's steps), as is every arm for safety.
+**Equal cost.** The reference configuration (the v2 real arm) runs its steps on the tuning seeds;
+its mean cost at each pool size P is that P's budget, which every configuration spends. A step's
+cost is :mod:`.cost`'s: the trainer's measured compute, a modelled LLM-judge cost (``--judge-cost`` x
+the policy's own generation cost per rollout, for every rollout the world model grades) and the
+makespan of the step's executions on P sandbox slots, each at its duration measured once in the
+outcome table (:mod:`.outcome_table`). The ``worldModel`` arm is capped by steps, as is every run for
+safety (``--cap``).
 
-**Measured**: :mod:`.analysis` turns the runs of every arm at each bias level into
-curves, times to target and their statistics.
+**Judged at the budget** (:mod:`.analysis`): the target is the best real configuration's (chosen on
+the tuning seeds) mean held-out reward at the budget, so its time to target is the budget; wmrl's
+speedup is the budget over the time its mean curve reaches that target, "not reached within the
+budget" when it does not (censored, never 0). Every test of a run is Holm-adjusted together.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ import httpx
 import numpy as np
 
 from wmrl_bench import report
-from wmrl_bench.analysis import level_summary
+from wmrl_bench.analysis import ablation_summary, choose, holm_over_run, judge_grid_summary, pool_summary
 from wmrl_bench.arm_run import policy_scripts, run_job
-from wmrl_bench.design import (ARMS, BASE_SPEC, BIAS_GRID, EVAL_TRAJECTORIES, HEADLINE_OPTIMISM, PRESETS, Job,
-                               arm_config, world_model_jobs)
+from wmrl_bench.design import (ABLATION_ORDER, ARMS, BASE_SPEC, EVAL_TRAJECTORIES, GROUPS_PER_STEP_GRID,
+                               HEADLINE_OPTIMISM, HEADLINE_SLOTS, LR_GRID, PRESETS, SLOTS_GRID, Job, arm_config,
+                               config_name, evaluation_configs, evaluation_seeds, tuning_configs, tuning_seeds)
+from wmrl_bench.synthetic_judge import JUDGE_GRID, PREDICTIONS
 from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
 from wmrl_demo.demo_policy import load_builtin
 from wmrl_demo.suite import SUITE_VERSION, builtin_suite
@@ -70,8 +74,10 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None]) -> list[
 
 
 def _progress_line(result: dict[str, Any], done: int, total: int) -> str:
-    return json.dumps({"event": "run", "done": done, "of": total, "arm": result["arm"], "optimism": result["optimism"],
-                       "seed": result["seed"], "steps": result["steps"], "cost_s": round(result["cost_s"], 1),
+    return json.dumps({"event": "run", "done": done, "of": total, "config": result.get("config", result["arm"]),
+                       "judge": result.get("judge_cell"), "seed": result["seed"], "steps": result["steps"],
+                       "cost_s": {p: round(c, 1) for p, c in result["cost_s"].items()}
+                       if isinstance(result["cost_s"], dict) else round(result["cost_s"], 1),
                        "initial": round(result["initial_reward"], 4), "final": round(result["final_reward"], 4),
                        "elapsed_s": round(result["elapsed_s"], 1)})
 
@@ -98,15 +104,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", required=True, help="write the results JSON here")
     parser.add_argument("--plot", metavar="PATH", help="write the comparison PNG here")
     parser.add_argument("--markdown", metavar="PATH", help="write the Markdown tables here")
-    parser.add_argument("--seeds", type=int, help="seeds for worldModel and wmrlOnline; real runs the larger of this and "
-                        "--ablation-seeds, so every ablation seed has its paired real run (default: the preset's)")
-    parser.add_argument("--ablation-seeds", type=int, help="seeds for wmrl, none, debias, denoise (default: the preset's)")
+    parser.add_argument("--tuning-seeds", type=int, help="seeds that choose learning rates and the best real "
+                        "configuration (default: the preset's)")
+    parser.add_argument("--seeds", type=int, help="evaluation seeds for worldModel and wmrlOnline; real runs the "
+                        "larger of this and --ablation-seeds, so every wmrl seed has its paired real runs")
+    parser.add_argument("--ablation-seeds", type=int, help="evaluation seeds for wmrl, none, debias, denoise")
     parser.add_argument("--arms", help=f"comma-separated subset of {list(ARMS)} (must include real)")
-    parser.add_argument("--bias", help=f"comma-separated judge optimism levels (default: the preset's; pre-registered {BIAS_GRID})")
-    parser.add_argument("--steps", type=int, help="the real arm's step budget (default: the preset's)")
-    parser.add_argument("--budget", type=float, help="compute budget in seconds (default: the real arm's mean cost)")
-    parser.add_argument("--cap", type=float, default=6.0, help="step cap of every other arm, x the real arm's steps (default 6)")
-    parser.add_argument("--slots", type=int, default=2, help="sandbox slots the clock charges executions on (default 2)")
+    parser.add_argument("--lrs", help=f"learning-rate grid (default: pre-registered {LR_GRID})")
+    parser.add_argument("--real-groups", help=f"real GRPO groupsPerStep grid (default: pre-registered "
+                                              f"{GROUPS_PER_STEP_GRID})")
+    parser.add_argument("--slots", help=f"sandbox pool sizes the clock charges executions on (default: "
+                                        f"pre-registered {SLOTS_GRID}; the headline is {HEADLINE_SLOTS})")
+    parser.add_argument("--judge-grid", help="synthetic-judge cells for the corrections' ablation, comma-separated, "
+                                             "'all' or 'none' (default: the preset's)")
+    parser.add_argument("--bias", type=float, default=HEADLINE_OPTIMISM,
+                        help=f"the frozen judge's optimism (default {HEADLINE_OPTIMISM}, fixed before any run)")
+    parser.add_argument("--steps", type=int, help="the reference configuration's steps, which set the budget "
+                                                  "(default: the preset's)")
+    parser.add_argument("--cap", type=float, default=6.0,
+                        help="step cap x the reference's steps (x its groupsPerStep / the run's, for real; default 6)")
     parser.add_argument("--judge-cost", type=float, default=1.0,
                         help="LLM-judge cost per graded rollout, x the policy's generation cost per rollout (default 1.0)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="runs in parallel (default: one per core)")
@@ -119,8 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", help="keep every run's folder here (default: a temporary folder, removed); "
                                            "run again with the same folder to reuse every run that finished")
     parser.add_argument("--eval-points", type=int,
-                        help="held-out evaluations per run, at equal fractions of its budget (default: the preset's; "
-                             "fewer is cheaper on the wide space, where each evaluation executes sampled scripts)")
+                        help="held-out evaluations per run and pool size, at equal fractions of its budget "
+                             "(default: the preset's)")
     # For tests: an extra-tiny setting.
     parser.add_argument("--group-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--groups-per-step", type=int, help=argparse.SUPPRESS)
@@ -131,29 +147,54 @@ def _csv(text: Optional[str], cast: Callable[[str], Any]) -> Optional[list]:
     return None if text is None else [cast(x.strip()) for x in text.split(",") if x.strip()]
 
 
+def _judge_cells(text: Optional[str], preset: dict[str, Any]) -> list[str]:
+    names = [c.name for c in JUDGE_GRID]
+    if text is None:
+        return list(preset.get("judge_grid", ()))
+    if text == "none":
+        return []
+    return names if text == "all" else _csv(text, str) or []
+
+
 def main(args: argparse.Namespace) -> int:
     quiet_libraries()
-    chosen = [name for name in ("quick", "multiturn", "wide") if getattr(args, name)]
-    if len(chosen) > 1:
-        print(f"wmrl bench speedup: --{' and --'.join(chosen)} are different presets; choose one", file=sys.stderr)
+    chosen_presets = [name for name in ("quick", "multiturn", "wide") if getattr(args, name)]
+    if len(chosen_presets) > 1:
+        print(f"wmrl bench speedup: --{' and --'.join(chosen_presets)} are different presets; choose one", file=sys.stderr)
         return 2
-    preset = dict(PRESETS[chosen[0] if chosen else "full"])
+    preset = dict(PRESETS[chosen_presets[0] if chosen_presets else "full"])
     max_turns = int(preset.get("max_turns", 1))
     space = preset.get("space", "tiny")
     arms = _csv(args.arms, str) or list(preset["arms"])
-    levels = _csv(args.bias, float) or list(preset["bias_grid"])
+    lrs = _csv(args.lrs, float) or list(LR_GRID)
+    real_groups = _csv(args.real_groups, int) or list(GROUPS_PER_STEP_GRID)
+    pools = [str(p) for p in (_csv(args.slots, int) or list(SLOTS_GRID))]
+    headline = str(HEADLINE_SLOTS) if str(HEADLINE_SLOTS) in pools else pools[0]
+    cells = _judge_cells(args.judge_grid, preset)
+    tuning_n = args.tuning_seeds or preset["tuning_seeds"]
     seeds = args.seeds or preset["seeds"]
     ablation_seeds = args.ablation_seeds or preset["ablation_seeds"]
     steps = args.steps or preset["steps"]
     eval_points = args.eval_points or preset["eval_points"]
+    base_groups = args.groups_per_step or BASE_SPEC["algorithm"]["groupsPerStep"]
+    base_lr = BASE_SPEC["algorithm"]["learningRate"]
     unknown = sorted(set(arms) - set(ARMS))
     problems = []
     if unknown or "real" not in arms:
         problems.append(f"--arms must include 'real' and only {list(ARMS)} (unknown: {unknown})")
-    if any(not 0 <= b <= 1 for b in levels):
-        problems.append("--bias levels must be in [0, 1]")
-    if min(seeds, ablation_seeds, steps, eval_points, args.slots, args.workers) < 1 or args.cap < 1 or args.judge_cost < 0:
-        problems.append("--seeds, --ablation-seeds, --steps, --slots, --workers must be >= 1, --cap >= 1, --judge-cost >= 0")
+    if not 0 <= args.bias <= 1:
+        problems.append("--bias must be in [0, 1]")
+    if base_groups not in real_groups or base_lr not in lrs:
+        problems.append(f"--real-groups must include the reference's groupsPerStep {base_groups} and --lrs its "
+                        f"learning rate {base_lr:g} (the reference sets the budget)")
+    if any(g < 1 for g in real_groups) or any(not 0 < lr < 1 for lr in lrs) or any(int(p) < 1 for p in pools):
+        problems.append("--real-groups and --slots must be >= 1, --lrs in (0, 1)")
+    bad_cells = sorted(set(cells) - {c.name for c in JUDGE_GRID})
+    if bad_cells:
+        problems.append(f"--judge-grid: unknown cells {bad_cells}; known: {[c.name for c in JUDGE_GRID]}")
+    if min(tuning_n, seeds, ablation_seeds, steps, eval_points, args.workers) < 1 or args.cap < 1 or args.judge_cost < 0:
+        problems.append("--tuning-seeds, --seeds, --ablation-seeds, --steps, --workers must be >= 1, --cap >= 1, "
+                        "--judge-cost >= 0")
     if problems:
         print("wmrl bench speedup: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -161,14 +202,13 @@ def main(args: argparse.Namespace) -> int:
     own_dir = args.work_dir is None
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="wmrl-speedup-"))
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    real_seeds = max(seeds, ablation_seeds if "wmrl" in arms else 0)  # wmrl is paired with real seed by seed
-    overrides = {"group_size": args.group_size, "groups_per_step": args.groups_per_step,
-                 "held_out": _csv(args.held_out, str), "max_turns": max_turns, "space": space}
+    overrides = {"group_size": args.group_size, "held_out": _csv(args.held_out, str), "max_turns": max_turns,
+                 "space": space}
     try:
         tasks = builtin_suite("mini-ml")
         with LocalServices(args.sandboxes, work_dir / "logs") as services:
             warm = sandboxes_start_warm(services.sandbox_urls)
-            config = arm_config("real", 0, steps, **overrides)
+            config = arm_config("real", 0, steps, groups_per_step=base_groups, **overrides)
             timeout = config.spec.sandbox.timeout_seconds
             table = (OutcomeTable(Path(args.table)) if args.table
                      else OutcomeTable.for_suite(tasks, SUITE_VERSION, warm, timeout))
@@ -183,33 +223,64 @@ def main(args: argparse.Namespace) -> int:
                                 "executed_now": ran, "seconds": round(time.perf_counter() - t0, 1)}))
             finally:
                 filler.close()
-            common = {"eval_points": eval_points, "slots": args.slots, "judge_cost": args.judge_cost,
+            common = {"eval_points": eval_points, "slots": tuple(int(p) for p in pools), "judge_cost": args.judge_cost,
                       "sandbox_urls": services.sandbox_urls, "table_path": str(table.path), "work_dir": str(work_dir),
-                      "spec_overrides": overrides}
+                      "spec_overrides": overrides, "optimism": args.bias}
             if args.live:
-                return _live(args, steps, levels[0], common, log, started, warm)
-            real_jobs = [Job(arm="real", seed=s, optimism=0.0, steps=steps, budget_s=None, **common)
-                         for s in range(real_seeds)]
-            real_runs = run_jobs(real_jobs, args.workers, log)
-            budget = args.budget or float(np.mean([r["cost_s"] for r in real_runs]))
-            log(json.dumps({"event": "budget", "budget_s": round(budget, 2)}))
-            cap = int(math.ceil(steps * args.cap))
-            others = run_jobs(world_model_jobs(arms, levels, seeds, ablation_seeds, steps=cap, budget_s=budget, **common),
-                              args.workers, log)
+                return _live(args, steps, base_groups, common, log, started, warm)
+
+            def job(arm: str, groups: int, lr: float, seed: int, budgets: Optional[dict], cell: Optional[str] = None) -> Job:
+                scale = base_groups / groups if arm == "real" else 1.0
+                cap = steps if budgets is None else int(math.ceil(steps * args.cap * scale))
+                return Job(arm=arm, seed=seed, groups_per_step=groups, learning_rate=lr, steps=cap, budgets=budgets,
+                           judge_cell=cell, **common)
+
+            tune = tuning_seeds(tuning_n)
+            reference = run_jobs([job("real", base_groups, base_lr, s, None) for s in tune], args.workers, log)
+            budgets = {p: float(np.mean([r["cost_s"][p] for r in reference])) for p in pools}
+            log(json.dumps({"event": "budget", "budget_s": {p: round(b, 2) for p, b in budgets.items()}}))
+            reference_name = config_name("real", base_groups, base_lr)
+            tuning_runs = run_jobs([job(a, g, lr, s, budgets) for a, g, lr in tuning_configs(arms, real_groups, lrs,
+                                                                                               base_groups)
+                                    if config_name(a, g, lr) != reference_name for s in tune], args.workers, log)
+            tuning_by_config = _group(reference + tuning_runs)
+            chosen = {p: choose(tuning_by_config, p, budgets[p]) for p in pools}
+            log(json.dumps({"event": "chosen", **{p: {"best_real": c["best_real"], "wmrl": c["wmrl"]}
+                                                  for p, c in chosen.items()}}))
+            wmrl_lrs = [c["wmrl_learning_rate"] for c in chosen.values() if c["wmrl_learning_rate"] is not None]
+            ablation_lr = chosen[headline]["wmrl_learning_rate"] or base_lr
+            eval_jobs = [job(a, g, lr, s, budgets)
+                         for a, g, lr in evaluation_configs(arms, real_groups, lrs, base_groups, wmrl_lrs, ablation_lr)
+                         for s in evaluation_seeds(a, seeds, ablation_seeds)]
+            eval_runs = run_jobs(eval_jobs, args.workers, log)
+            grid_runs = run_jobs([job(a, base_groups, ablation_lr, s, budgets, cell) for cell in cells
+                                  for a in ABLATION_ORDER for s in range(ablation_seeds)], args.workers, log)
     finally:
         if own_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
-    levels_out = {}
-    for level in levels:
-        by_arm = {"real": real_runs, **{arm: [r for r in others if r["arm"] == arm and r["optimism"] == level]
-                                        for arm in arms if arm != "real"}}
-        levels_out[f"{level:g}"] = level_summary(by_arm, budget)
-    headline = f"{HEADLINE_OPTIMISM:g}" if f"{HEADLINE_OPTIMISM:g}" in levels_out else next(iter(levels_out))
+    by_config = _group(eval_runs)
+    arm_config_names = {a: config_name(a, base_groups, ablation_lr) for a in arms if a not in ("real", "wmrl")}
+    pools_out = {}
+    for p in pools:
+        wmrl_name = config_name("wmrl", base_groups, chosen[p]["wmrl_learning_rate"]) if chosen[p]["wmrl"] else None
+        pools_out[p] = pool_summary(by_config, p, budgets[p], chosen[p]["best_real"], wmrl_name)
+        pools_out[p]["arms"] = _arms_view(pools_out[p], arm_config_names)
+    tests = [t for p in pools for t in pools_out[p]["tests"]]
+    ablation = ablation_summary({a: by_config.get(n, []) for a, n in
+                                 {**arm_config_names, "wmrl": config_name("wmrl", base_groups, ablation_lr)}.items()},
+                                headline, budgets[headline], label="frozen judge: ")
+    tests += ablation["tests"] if ablation else []
+    judge_grid = judge_grid_summary(grid_runs, cells, headline, budgets[headline], PREDICTIONS)
+    tests += judge_grid["tests"]
+    tests = holm_over_run(tests)
+    top = pools_out[headline]
     results = {
-        "benchmark": "speedup", "version": 2, "quick": bool(args.quick), "max_turns": max_turns, "space": space,
-        "budget_s": budget, "real_steps": steps, "step_cap": cap, "slots": args.slots, "judge_cost": args.judge_cost,
-        "eval_points": eval_points, "bias_grid": list(BIAS_GRID), "levels_run": levels, "headline_optimism": float(headline),
-        "seeds": seeds, "ablation_seeds": ablation_seeds, "real_seeds": real_seeds,
+        "benchmark": "speedup", "version": 3, "quick": bool(args.quick), "max_turns": max_turns, "space": space,
+        "budget_s": budgets[headline], "budgets_s": budgets, "reference": reference_name, "real_steps": steps,
+        "step_cap": args.cap, "headline_slots": int(headline), "judge_cost": args.judge_cost, "eval_points": eval_points,
+        "lr_grid": lrs, "real_groups": real_groups, "optimism": args.bias,
+        "tuning": {"seeds": tune, "chosen": chosen},
+        "evaluation_seeds": {"seeds": seeds, "ablation_seeds": ablation_seeds},
         "held_out_tasks": [t.name for t in held_out],
         "held_out_evaluation": (f"mean best-turn real reward of {EVAL_TRAJECTORIES} sampled trajectories per task"
                                 if max_turns > 1 else f"mean real reward of {EVAL_TRAJECTORIES} sampled scripts per task"
@@ -217,9 +288,16 @@ def main(args: argparse.Namespace) -> int:
         "base_spec": BASE_SPEC, "outcome_table": {"path": str(table.path), "entries": len(OutcomeTable(table.path))},
         "sandbox_start": "warm" if warm else "cold",
         "machine": {"cpus": os.cpu_count(), "workers": args.workers, "sandboxes": args.sandboxes},
-        **{k: levels_out[headline][k] for k in ("target_reward", "speedup", "arms")},
-        "levels": levels_out,
-        "runs": real_runs + others,
+        "target_reward": top["target_reward"], "speedup": top["speedup"], "arms": top["arms"],
+        "real_arms": {n: top["configs"][n] for n in top["configs"] if n.startswith("real-")},
+        "slots": pools_out,
+        "ablation": ablation,
+        "async": {"measured": False,
+                  "why": "late anchors' real rewards do not yet enter the gradient (no off-policy correction): "
+                         "every arm here waits for its anchors"},
+        "judge_grid": judge_grid,
+        "tests": tests,
+        "runs": reference + tuning_runs + eval_runs + grid_runs,
         "wall_clock_s": time.perf_counter() - started,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -232,26 +310,45 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live(args: argparse.Namespace, steps: int, optimism: float, common: dict[str, Any],
-          log: Callable[[str], None], started: float, warm: bool) -> int:
-    """``--live``: seed 0 of real and wmrl with every execution on the live sandboxes, one run at a time.
+def _group(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs by configuration name, in seed order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for run in sorted(runs, key=lambda r: (r["config"], r["seed"])):
+        out.setdefault(run["config"], []).append(run)
+    return out
 
-    The clock models each step from in-sandbox execution times on ``--slots`` slots; the
-    trainer's own wall-clock is what those steps really took here (HTTP, queueing on
-    ``--sandboxes`` servers, a loaded machine). Their ratio says how far to trust the model.
+
+def _arms_view(pool: dict[str, Any], others: dict[str, str]) -> dict[str, Any]:
+    """The pool's figures by arm, as v2 keyed them: ``real`` is the best real configuration, ``wmrl`` the
+    chosen one, every other arm its configuration at wmrl's learning rate."""
+    names = {"real": pool["best_real"], "wmrl": pool["wmrl"], **others}
+    return {arm: {**pool["configs"][name], "config": name} for arm, name in names.items()
+            if name and name in pool["configs"]}
+
+
+def _live(args: argparse.Namespace, steps: int, groups: int, common: dict[str, Any],
+          log: Callable[[str], None], started: float, warm: bool) -> int:
+    """``--live``: seed 0 of the reference and wmrl with every execution on the live sandboxes, one run at a time.
+
+    The clock models each step from in-sandbox execution times on the pool sizes of ``--slots``; the
+    trainer's own wall-clock is what those steps really took here (HTTP, queueing on ``--sandboxes``
+    servers, a loaded machine). Their ratio says how far to trust the model.
     """
-    real = run_jobs([Job(arm="real", seed=0, optimism=0.0, steps=steps, budget_s=None, live=True, **common)], 1, log)[0]
-    budget = args.budget or real["cost_s"]
-    wmrl = run_jobs([Job(arm="wmrl", seed=0, optimism=optimism, steps=int(math.ceil(steps * args.cap)),
-                         budget_s=budget, live=True, **common)], 1, log)[0]
+    lr = BASE_SPEC["algorithm"]["learningRate"]
+    real = run_jobs([Job(arm="real", seed=0, groups_per_step=groups, learning_rate=lr, steps=steps, budgets=None,
+                         live=True, **common)], 1, log)[0]
+    wmrl = run_jobs([Job(arm="wmrl", seed=0, groups_per_step=groups, learning_rate=lr,
+                         steps=int(math.ceil(steps * args.cap)), budgets=dict(real["cost_s"]), live=True, **common)],
+                    1, log)[0]
     arms = {}
     for run in (real, wmrl):
         arms[run["arm"]] = {"steps": run["steps"], "executions": run["executions"], "modelled_cost_s": run["cost_s"],
-                            "measured_s": run["wall_s"], "modelled_over_measured": run["cost_s"] / run["wall_s"],
+                            "measured_s": run["wall_s"],
+                            "modelled_over_measured": {p: c / run["wall_s"] for p, c in run["cost_s"].items()},
                             "final_reward": run["final_reward"], "initial_reward": run["initial_reward"]}
-    results = {"benchmark": "speedup", "version": 2, "live": True, "budget_s": budget, "optimism": optimism,
-               "sandbox_start": "warm" if warm else "cold",
-               "slots": args.slots, "sandboxes": args.sandboxes, "judge_cost": args.judge_cost, "arms": arms,
+    results = {"benchmark": "speedup", "version": 3, "live": True, "budgets_s": real["cost_s"],
+               "optimism": common["optimism"], "sandbox_start": "warm" if warm else "cold",
+               "slots": list(common["slots"]), "sandboxes": args.sandboxes, "judge_cost": args.judge_cost, "arms": arms,
                "runs": [real, wmrl], "wall_clock_s": time.perf_counter() - started}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1, default=_json_default))

@@ -18,13 +18,21 @@ from scipy import stats as _scipy_stats
 
 __all__ = [
     "area_under_curve",
+    "BOOTSTRAP_MIN_SEEDS",
     "bootstrap_ci",
     "holm",
+    "mean_interval",
     "page_test",
     "paired_bootstrap_ci",
     "pairwise_tests",
     "reach_rate",
+    "t_interval",
+    "wilcoxon",
 ]
+
+BOOTSTRAP_MIN_SEEDS = 10
+"""Below this many seeds a percentile bootstrap of a mean cannot reach its nominal coverage (its interval
+lies inside the seeds' range): :func:`mean_interval` gives a t-interval there instead."""
 
 # Resampled index blocks hold at most this many entries, so memory stays bounded for any n.
 _BLOCK_ENTRIES = 1 << 20
@@ -230,3 +238,42 @@ def pairwise_tests(matrix: Any, columns: Sequence[str],
     for k, e in enumerate(entries):
         e["p_holm"] = adjusted[str(k)]
     return entries
+
+
+def t_interval(values: Sequence[float], *, level: float = 0.95) -> dict[str, Any]:
+    """Student-t interval for the mean of ``values`` (at least 2), with their range beside it."""
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or len(x) < 2:
+        raise ValueError(f"a t-interval needs at least 2 values, got {x.shape}")
+    if np.isnan(x).any():
+        raise ValueError("values must not contain NaN")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie strictly between 0 and 1, got {level}")
+    n, mean = len(x), float(x.mean())
+    half = float(_scipy_stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    return {"estimate": mean, "low": mean - half, "high": mean + half, "n": n, "method": "t",
+            "range": [float(x.min()), float(x.max())]}
+
+
+def mean_interval(values: Sequence[float], *, level: float = 0.95, seed: int = 0,
+                  n_resamples: int = 10000) -> Optional[dict[str, Any]]:
+    """An interval for the mean of ``values`` (e.g. paired differences): a t-interval below
+    :data:`BOOTSTRAP_MIN_SEEDS` values, a percentile bootstrap from there on; None for fewer than 2."""
+    x = [float(v) for v in values]
+    if len(x) < 2:
+        return None
+    if len(x) < BOOTSTRAP_MIN_SEEDS:
+        return t_interval(x, level=level)
+    boot = paired_bootstrap_ci(x, [0.0] * len(x), n_resamples=n_resamples, level=level, seed=seed)
+    return {**boot, "method": "bootstrap", "range": [min(x), max(x)]}
+
+
+def wilcoxon(differences: Sequence[float], alternative: str = "two-sided") -> float:
+    """Wilcoxon signed-rank p-value of paired ``differences`` (all zero: p = 1); ``alternative``
+    "greater" tests a positive shift (one-sided, for a prediction written down in advance)."""
+    d = np.asarray(differences, dtype=float)
+    if d.ndim != 1 or len(d) < 1 or np.isnan(d).any():
+        raise ValueError("differences must be a non-empty 1-D sequence without NaN")
+    if np.all(d == 0):
+        return 1.0
+    return float(_scipy_stats.wilcoxon(d, alternative=alternative).pvalue)
