@@ -147,7 +147,8 @@ def test_bench_end_to_end_extra_tiny(tmp_path):
     out, png, md = tmp_path / "speedup.json", tmp_path / "speedup.png", tmp_path / "speedup.md"
     cell = JUDGE_GRID[-1].name
     proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "speedup", "--quick", "--tuning-seeds", "1",
-                           "--seeds", "1", "--ablation-seeds", "2", "--steps", "2", "--eval-points", "2",
+                           "--seeds", "1", "--ablation-seeds", "2", "--grid-seeds", "2", "--steps", "2",
+                           "--eval-points", "2",
                            "--group-size", "2", "--groups-per-step", "2", "--real-groups", "1,2", "--lrs", "0.002,0.004",
                            "--slots", "2,8", "--judge-grid", cell, "--held-out", "iris", "--workers", "1",
                            "--sandboxes", "2", "--cap", "3", "--json", str(out), "--plot", str(png), "--markdown", str(md)],

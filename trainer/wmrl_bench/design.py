@@ -93,19 +93,20 @@ BASE_SPEC: dict[str, Any] = {
 """The quickstart's run (examples/quickstart.yaml) with the paper's frozen judge; the bench sets mode, seed and steps."""
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Seeds per arm on the evaluation set; the ablation arms (ABLATION_ORDER) get "ablation_seeds";
-    # "tuning_seeds" choose the learning rates and the best real configuration.
+    # Evaluation seeds per arm; the ablation arms (ABLATION_ORDER) get "ablation_seeds"; "tuning_seeds"
+    # choose the learning rates and the best real configuration; "judge_grid" names the synthetic-judge
+    # cells (.synthetic_judge.JUDGE_GRID) whose ablation runs "grid_seeds" paired seeds each.
     "quick": {"tuning_seeds": 2, "seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4,
-              "arms": ("real", "worldModel", *ABLATION_ORDER)},
+              "arms": ("real", "worldModel", *ABLATION_ORDER), "judge_grid": (), "grid_seeds": 3},
     "full": {"tuning_seeds": 3, "seeds": 10, "ablation_seeds": 10, "steps": 20, "eval_points": 10,
-             "arms": tuple(ARMS)},
+             "arms": tuple(ARMS), "judge_grid": "all", "grid_seeds": 20},
     # The paper's 4-turn loop with the multi-turn tiny coder; held-out reward from sampled trajectories.
     "multiturn": {"tuning_seeds": 1, "seeds": 3, "ablation_seeds": 3, "steps": 12, "eval_points": 4,
-                  "arms": ("real", "worldModel", "wmrl"), "max_turns": 4},
+                  "arms": ("real", "worldModel", "wmrl"), "max_turns": 4, "judge_grid": (), "grid_seeds": 3},
     # The wide action space (preprocessing chains, large models, hyperparameter tokens, wrappers) where the
     # judge's optimism for complexity can be exploited; held-out reward from sampled scripts.
     "wide": {"tuning_seeds": 2, "seeds": 3, "ablation_seeds": 3, "steps": 8, "eval_points": 4,
-             "arms": ("real", "worldModel", *ABLATION_ORDER), "space": "wide"},
+             "arms": ("real", "worldModel", *ABLATION_ORDER), "space": "wide", "judge_grid": (), "grid_seeds": 3},
 }
 MULTI_TURN_POLICY = "tiny-coder-multiturn"
 WIDE_POLICY = "tiny-coder-wide"

@@ -109,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, help="evaluation seeds for worldModel and wmrlOnline; real runs the "
                         "larger of this and --ablation-seeds, so every wmrl seed has its paired real runs")
     parser.add_argument("--ablation-seeds", type=int, help="evaluation seeds for wmrl, none, debias, denoise")
+    parser.add_argument("--grid-seeds", type=int, help="paired seeds per synthetic-judge cell (default: the preset's)")
     parser.add_argument("--arms", help=f"comma-separated subset of {list(ARMS)} (must include real)")
     parser.add_argument("--lrs", help=f"learning-rate grid (default: pre-registered {LR_GRID})")
     parser.add_argument("--real-groups", help=f"real GRPO groupsPerStep grid (default: pre-registered "
@@ -148,12 +149,12 @@ def _csv(text: Optional[str], cast: Callable[[str], Any]) -> Optional[list]:
 
 
 def _judge_cells(text: Optional[str], preset: dict[str, Any]) -> list[str]:
-    names = [c.name for c in JUDGE_GRID]
-    if text is None:
-        return list(preset.get("judge_grid", ()))
-    if text == "none":
+    """The synthetic-judge cells to run: ``--judge-grid`` (names, 'all' or 'none'), else the preset's."""
+    chosen = preset.get("judge_grid", ()) if text is None else text
+    if chosen in ("none", ()):
         return []
-    return names if text == "all" else _csv(text, str) or []
+    return [c.name for c in JUDGE_GRID] if chosen == "all" else list(_csv(chosen, str) if isinstance(chosen, str)
+                                                                        else chosen)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -174,6 +175,7 @@ def main(args: argparse.Namespace) -> int:
     tuning_n = args.tuning_seeds or preset["tuning_seeds"]
     seeds = args.seeds or preset["seeds"]
     ablation_seeds = args.ablation_seeds or preset["ablation_seeds"]
+    grid_seeds = args.grid_seeds or preset["grid_seeds"]
     steps = args.steps or preset["steps"]
     eval_points = args.eval_points or preset["eval_points"]
     base_groups = args.groups_per_step or BASE_SPEC["algorithm"]["groupsPerStep"]
@@ -192,8 +194,9 @@ def main(args: argparse.Namespace) -> int:
     bad_cells = sorted(set(cells) - {c.name for c in JUDGE_GRID})
     if bad_cells:
         problems.append(f"--judge-grid: unknown cells {bad_cells}; known: {[c.name for c in JUDGE_GRID]}")
-    if min(tuning_n, seeds, ablation_seeds, steps, eval_points, args.workers) < 1 or args.cap < 1 or args.judge_cost < 0:
-        problems.append("--tuning-seeds, --seeds, --ablation-seeds, --steps, --workers must be >= 1, --cap >= 1, "
+    if min(tuning_n, seeds, ablation_seeds, grid_seeds, steps, eval_points, args.workers) < 1 or args.cap < 1 or args.judge_cost < 0:
+        problems.append("--tuning-seeds, --seeds, --ablation-seeds, --grid-seeds, --steps, --workers must be >= 1, "
+                        "--cap >= 1, "
                         "--judge-cost >= 0")
     if problems:
         print("wmrl bench speedup: " + "; ".join(problems), file=sys.stderr)
@@ -254,7 +257,7 @@ def main(args: argparse.Namespace) -> int:
                          for s in evaluation_seeds(a, seeds, ablation_seeds)]
             eval_runs = run_jobs(eval_jobs, args.workers, log)
             grid_runs = run_jobs([job(a, base_groups, ablation_lr, s, budgets, cell) for cell in cells
-                                  for a in ABLATION_ORDER for s in range(ablation_seeds)], args.workers, log)
+                                  for a in ABLATION_ORDER for s in range(grid_seeds)], args.workers, log)
     finally:
         if own_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
@@ -280,7 +283,7 @@ def main(args: argparse.Namespace) -> int:
         "step_cap": args.cap, "headline_slots": int(headline), "judge_cost": args.judge_cost, "eval_points": eval_points,
         "lr_grid": lrs, "real_groups": real_groups, "optimism": args.bias,
         "tuning": {"seeds": tune, "chosen": chosen},
-        "evaluation_seeds": {"seeds": seeds, "ablation_seeds": ablation_seeds},
+        "evaluation_seeds": {"seeds": seeds, "ablation_seeds": ablation_seeds, "grid_seeds": grid_seeds},
         "held_out_tasks": [t.name for t in held_out],
         "held_out_evaluation": (f"mean best-turn real reward of {EVAL_TRAJECTORIES} sampled trajectories per task"
                                 if max_turns > 1 else f"mean real reward of {EVAL_TRAJECTORIES} sampled scripts per task"
