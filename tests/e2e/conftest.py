@@ -66,8 +66,10 @@ def e2e_operator(k8s_cluster, real_node, e2e_images, runs_namespace, tmp_path_fa
     path = tmp_path_factory.mktemp("helm") / "values.json"
     path.write_text(json.dumps(values))
     k8s_cluster.kubectl("create", "namespace", SYSTEM_NS, check=False)
+    # Earlier tests apply the same CRD with kubectl (client-side); Helm 4 installs a chart's CRDs by
+    # server-side apply, which refuses the fields kubectl owns unless told to take them over.
     res = k8s_cluster.helm("install", RELEASE, str(CHART), "-n", SYSTEM_NS, "-f", str(path), "--wait",
-                           "--timeout", "300s", check=False)
+                           "--force-conflicts", "--timeout", "300s", check=False)
     if res.returncode != 0:
         raise AssertionError(f"helm install failed:\n{res.stdout}\n{res.stderr}\n"
                              + describe(k8s_cluster, SYSTEM_NS, "pods"))
