@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from wmrl.tasks import Task, TaskFormatError, from_files, load_suite
+from wmrl.task_layouts import load_collection, read_task_list
+from wmrl.tasks import Task, TaskFormatError, from_files
 
 
 def _load_config_map_dir(directory: Path) -> list[Task]:
@@ -17,12 +18,21 @@ def _load_config_map_dir(directory: Path) -> list[Task]:
     return [from_files(files, where=f"configMap mounted at {directory}")]
 
 
+def _load_source(root: Path, tasks_spec) -> list[Task]:
+    """The tasks of a path or PVC source in ``spec.tasks.format``, only those of ``taskList`` if given."""
+    names = None
+    if tasks_spec.task_list:
+        listed = Path(tasks_spec.task_list)
+        names = read_task_list(listed if listed.is_absolute() else root / listed)
+    return load_collection(root, tasks_spec.format, tasks_spec.competitions_dir, names)
+
+
 def load_tasks(tasks_spec, runtime=None, cache_dir: str | Path | None = None) -> list[Task]:
     """Every task of ``spec.tasks`` (a :class:`wmrl.api.schema.TasksSpec`).
 
-    builtin -> the bundled suite (built on first use); path -> a directory of task folders;
-    pvc -> the claim mounted at ``runtime.tasks_dir`` (default ``/tasks``); configMap -> one
-    task whose keys are mounted as files at ``runtime.tasks_dir``.
+    builtin -> the bundled suite (built on first use); path -> a directory of tasks in any layout of
+    :mod:`wmrl.task_layouts`; pvc -> the claim mounted at ``runtime.tasks_dir`` (default ``/tasks``);
+    configMap -> one task whose keys are mounted as files at ``runtime.tasks_dir``.
     """
     mounted = Path(getattr(runtime, "tasks_dir", None) or "/tasks")
     if tasks_spec.builtin:
@@ -30,9 +40,9 @@ def load_tasks(tasks_spec, runtime=None, cache_dir: str | Path | None = None) ->
 
         tasks = builtin_suite(tasks_spec.builtin, cache_dir)
     elif tasks_spec.path:
-        tasks = load_suite(tasks_spec.path)
+        tasks = _load_source(Path(tasks_spec.path), tasks_spec)
     elif tasks_spec.pvc:
-        tasks = load_suite(mounted)
+        tasks = _load_source(mounted, tasks_spec)
     elif tasks_spec.config_map:
         tasks = _load_config_map_dir(mounted)
     else:

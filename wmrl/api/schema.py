@@ -148,12 +148,27 @@ class TasksSpec(_Model):
     pvc: Optional[str] = Field(None, min_length=1, description="A PersistentVolumeClaim holding task folders (mounted read-only at /tasks).")
     config_map: Optional[str] = Field(None, min_length=1, description="A ConfigMap holding one small task (keys are file paths with '/' as '__').")
     held_out: list[str] = Field(default_factory=list, description="Task names never trained on, used for evaluation.")
+    format: Literal["auto", "wmrl", "mlebench", "mledojo", "dsbench", "normalised"] = Field(
+        "auto", description="Layout of the path or pvc source: wmrl (task.yaml folders), mlebench (prepared "
+        "competitions), mledojo (MLE-Dojo prepared data), dsbench (DSBench's data-modeling folder), normalised "
+        "(<name>/data/public + data/private with grade.py or metric.yaml). auto: the one layout the tasks fit; "
+        "refused when they fit several or none. See docs/tasks.md.")
+    competitions_dir: Optional[str] = Field(
+        None, min_length=1, description="The collection's competition definitions when they are not inside each "
+        "task folder: MLE-bench's mlebench/competitions (config.yaml, grade.py, leaderboard.csv) or MLE-Dojo's "
+        "mledojo/competitions (utils/metric.py). Relative paths are inside the source. Empty: an installed "
+        "mlebench/mledojo package's, if any.")
+    task_list: Optional[str] = Field(
+        None, min_length=1, description="A file naming the tasks to use, one a line (tasks_train.txt style: '#' "
+        "comments, a line's last word is the name); relative paths are inside the source. Empty: every task.")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "TasksSpec":
         given = [n for n in ("builtin", "path", "pvc", "config_map") if getattr(self, n)]
         if len(given) != 1:
             raise ValueError(f"spec.tasks: set exactly one of builtin, path, pvc, configMap (got {len(given)})")
+        if (self.builtin or self.config_map) and (self.format != "auto" or self.competitions_dir or self.task_list):
+            raise ValueError("spec.tasks: format, competitionsDir and taskList apply to path and pvc sources only")
         return self
 
 
