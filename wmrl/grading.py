@@ -13,6 +13,10 @@ climbs the reward ladder:
   duplicate ids, non-numeric or non-finite values) -> ``ran_no_sub``;
 * otherwise the task metric on the hidden labels -> ``valid`` with the leaderboard rank score.
 
+A collection task (:class:`wmrl.collection_tasks.CollectionTask`) climbs the same ladder, but its
+submission is scored by its own grader in a bounded subprocess (:mod:`wmrl.collection_grading`); a
+grader that cannot run raises :class:`SandboxFailure` too (the rollout is ungraded).
+
 A response with status ``SandboxError`` is the sandbox's failure, not the program's: grading
 raises :class:`SandboxFailure` so the caller treats the rollout as ungraded. (The server answers
 ``SandboxError`` only for its own failures: whatever the program does to itself is a result.)
@@ -32,6 +36,8 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from wmrl import collection_grading
+from wmrl.collection_tasks import CollectionTask
 from wmrl.outcome import Outcome, Status, rank_score
 from wmrl.tasks import Task
 
@@ -243,6 +249,8 @@ def grade(task: Task, run_response: Mapping, submission: Optional[bytes]) -> Out
         return Outcome(status=Status.RUNTIME_ERR, error_type="OutputLimitExceeded", feedback=feedback_text(rr, note))
     if submission is None:
         return Outcome(status=Status.RAN_NO_SUB, feedback=feedback_text(rr, f"no {task.submission} was written"))
+    if isinstance(task, CollectionTask):
+        return _grade_collection(task, rr, submission)
     try:
         y_true, y_pred = read_submission(task, submission)
     except SubmissionError as exc:
@@ -253,3 +261,14 @@ def grade(task: Task, run_response: Mapping, submission: Optional[bytes]) -> Out
     rank = rank_score(value, list(task.leaderboard), task.higher_is_better)
     return Outcome(status=Status.VALID, rank_score=rank,
                    feedback=feedback_text(rr, f"{task.metric} = {value:.6g} (leaderboard rank score {rank:.3f})"))
+
+
+def _grade_collection(task: CollectionTask, rr: Mapping, submission: bytes) -> Outcome:
+    try:
+        result = collection_grading.grade_bytes(task, submission)
+    except collection_grading.GraderFailure as exc:
+        raise SandboxFailure(f"grader failure: {exc}") from exc
+    if not result.valid:
+        return Outcome(status=Status.RAN_NO_SUB, feedback=feedback_text(rr, f"invalid submission: {result.reason}"))
+    rank = result.position if result.position is not None else 0.5
+    return Outcome(status=Status.VALID, rank_score=rank, feedback=feedback_text(rr, collection_grading.summary(task, result)))
