@@ -30,6 +30,7 @@ from wmrl.calibration.state import CalibrationConfig
 from wmrl.tasks import Task
 from wmrl_sandbox.dispatcher import EndpointSliceEndpoints, SandboxDispatcher, StaticEndpoints
 from wmrl_trainer.distributed import World
+from wmrl_trainer.evaluation import HeldOutEvaluator
 from wmrl_trainer.loop import WMRLStep
 from wmrl_trainer.policy import load_policy
 from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics
@@ -204,12 +205,14 @@ def _ensure_loadable(model: Any, tokenizer: Any, directory: Path) -> None:
 def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequence[Task]] = None,
                   world_model: Any = None, dispatcher: Any = None, calibration: Any = None,
                   callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None,
-                  rollouts_dir: Optional[str] = None) -> WMRLTrainer:
+                  rollouts_dir: Optional[str] = None, evaluate: bool = True) -> WMRLTrainer:
     """A ready :class:`WMRLTrainer`; anything not given is built from ``config`` (see the module docstring).
 
     ``policy`` is ``(model, tokenizer)``; ``tasks`` are the training tasks (held-out tasks are
     then ``held_out``, default none); ``rollouts_dir`` logs every rank's rows of every step
-    there. What this function builds itself it also closes.
+    there. With held-out tasks and ``evaluate``, rank 0 evaluates them per ``spec.evaluation``
+    through the sandbox dispatcher (built for it in mode worldModel too, when the runtime names
+    sandboxes). What this function builds itself it also closes.
     """
     # torch, datasets and TRL (grpo) load when a trainer is built, so importing this module stays light.
     import torch
@@ -236,9 +239,19 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading and world_model is None and mode is not Mode.REAL:
         world_model = build_world_model_from_config(config)
         owned.append(world_model)
-    if grading and dispatcher is None and mode is not Mode.WORLD_MODEL:
+    evaluating = grading and evaluate and bool(held_out)
+    has_sandboxes = bool(config.runtime.sandbox_urls or config.runtime.sandbox_service)
+    if grading and dispatcher is None and (mode is not Mode.WORLD_MODEL or (evaluating and has_sandboxes)):
         dispatcher = build_dispatcher(config)
         owned.append(dispatcher)
+    evaluator = None
+    if evaluating and dispatcher is None:
+        log.warning("spec.tasks.heldOut: no sandboxes to execute the held-out tasks on (runtime.sandboxUrls or "
+                    "sandboxService): no held-out evaluation")
+    elif evaluating:
+        ev = spec.evaluation
+        evaluator = HeldOutEvaluator(held_out, dispatcher, ev.samples, seed=alg.seed + 7919, max_turns=alg.max_turns,
+                                     max_tokens=alg.max_trajectory_tokens, max_concurrent=ev.max_concurrent)
     if grading and calibration is None and mode is Mode.WMRL:
         calibration = build_calibration(config)
         owned.append(calibration)
@@ -290,4 +303,4 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
         log.warning("progress reporting disabled: %s", exc)
     reporter = ProgressReporter(Totals(), alg.steps, patcher, metrics)
     return WMRLTrainer(config, grpo, step, tasks=tasks, held_out=held_out, reporter=reporter,
-                       callbacks=callbacks, owned=owned, world=world)
+                       callbacks=callbacks, owned=owned, world=world, evaluator=evaluator)

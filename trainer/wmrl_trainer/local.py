@@ -16,7 +16,11 @@ Held-out reward: the mean REAL reward of ``--eval-samples`` sampled solutions on
 (sum of the trainer's per-step wall-clock) and the count of real executions leave them
 out. Evaluation samples with a fixed seed (common random numbers across evaluations), and
 identical (task, script) pairs are executed once per run: the demo policy's solutions are
-deterministic programs, so this changes no number, only the time evaluations take.
+deterministic programs, so this changes no number, only the time evaluations take. The
+evaluation is the trainer's own (:mod:`wmrl_trainer.evaluation`), scheduled here by the
+flags above instead of ``spec.evaluation`` (the trainer's built-in evaluation is off), with
+training's sampling settings and every sandbox slot; a partial one (a sandbox failed) is
+a point with ``reward`` null and ``partial`` saying why.
 
 The results folder (default ``./wmrl-results/<run name>/``) holds ``results.json`` (config,
 per-step records, the held-out curve against training wall-clock and real executions),
@@ -30,11 +34,9 @@ not (and, on Linux, if this process dies, by the kernel: PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -51,112 +53,15 @@ from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
 from wmrl_trainer.build import build_trainer, load_training_tasks
 from wmrl_trainer.checkpoint import latest_checkpoint
 from wmrl_trainer.policy import load_policy
-from wmrl_trainer.sampling import sample_solutions, sample_trajectories
+from wmrl_trainer.evaluation import HeldOutEvaluator
 from wmrl_trainer.services import (LocalServices, ServiceStartError, local_runtime, quiet_libraries,
                                    write_json_atomic)
-from wmrl_trainer.turns import repairs
 
 log = logging.getLogger("wmrl.local")
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "results.png"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-# ---------------------------------------------------------------- held-out evaluation
-
-class HeldOutEvaluator:
-    """Mean real reward of sampled solutions on held-out tasks (see the module docstring)."""
-
-    def __init__(self, tasks: Sequence[Any], dispatcher: Any, samples_per_task: int, seed: int,
-                 cache: Optional[dict] = None, max_turns: int = 1, max_tokens: Optional[int] = None):
-        self.tasks, self.dispatcher = list(tasks), dispatcher
-        self.samples, self.seed = samples_per_task, seed
-        self.cache: dict[tuple[str, str], Optional[float]] = cache if cache is not None else {}
-        self.max_turns, self.max_tokens = max_turns, max_tokens
-        self.outcomes: dict[tuple[str, str], Any] = {}  # multi-turn: the real outcome (its feedback is shown)
-
-    def sample(self, model: Any, tokenizer: Any, sampling: Any) -> list[tuple[Any, str]]:
-        return [(task, code) for task, codes in sample_solutions(model, tokenizer, self.tasks, sampling, self.samples,
-                                                                 seed=self.seed) for code in codes]
-
-    def grade(self, items: list[tuple[Any, str]]) -> list[Any]:
-        """Real outcomes of (task, script) items, executed once each (None where the sandbox failed)."""
-        todo = {(t.name, code): t for t, code in items if (t.name, code) not in self.outcomes}
-        futures = {key: self.dispatcher.run_task(task, key[1]) for key, task in todo.items()}
-        cf.wait(list(futures.values()))  # each execution is bounded by the dispatcher
-        for key, future in futures.items():
-            if future.exception() is None and future.result() is not None:
-                self.outcomes[key] = future.result()
-        return [self.outcomes.get((t.name, code)) for t, code in items]
-
-    def evaluate_trajectories(self, model: Any, tokenizer: Any, sampling: Any) -> dict[str, Any]:
-        """Multi-turn evaluation: each trajectory sees the real feedback of its turns; its reward is its best turn's.
-
-        Besides the reward: the first turn's reward (what a single-turn policy would score)
-        and the repair rate (of trajectories whose first script did not produce a valid
-        submission, the share whose second did).
-        """
-        started = time.perf_counter()
-        executed_before = len(self.outcomes)
-        trajectories = sample_trajectories(model, tokenizer, self.tasks, sampling, self.samples, self.max_turns,
-                                           self.grade, seed=self.seed, max_tokens=self.max_tokens)
-        rewards = [t.reward("real") for t in trajectories]
-        firsts = [t.turns[0].real.reward for t in trajectories if t.turns and t.turns[0].real is not None]
-        graded = [r for r in rewards if not math.isnan(r)]
-        by_task = {}
-        for task in self.tasks:
-            mine = [r for t, r in zip(trajectories, rewards) if t.task.name == task.name and not math.isnan(r)]
-            by_task[task.name] = sum(mine) / len(mine) if mine else None
-        failed_first, retried, repaired = repairs(trajectories)  # what they saw is the real outcome
-        return {
-            "reward": sum(graded) / len(graded) if graded else None,
-            "first_turn_reward": sum(firsts) / len(firsts) if firsts else None,
-            "by_task": by_task,
-            "samples": len(trajectories),
-            "graded": len(graded),
-            "executed": len(self.outcomes) - executed_before,
-            "mean_turns": sum(len(t.turns) for t in trajectories) / len(trajectories),
-            "first_turn_failures": failed_first,
-            "repair_attempts": retried,
-            "repair_rate": repaired / retried if retried else None,
-            "distinct_scripts": len({turn.code for t in trajectories for turn in t.turns}),
-            "eval_seconds": time.perf_counter() - started,
-        }
-
-    def evaluate(self, model: Any, tokenizer: Any, sampling: Any) -> dict[str, Any]:
-        if self.max_turns > 1:
-            return self.evaluate_trajectories(model, tokenizer, sampling)
-        started = time.perf_counter()
-        items = self.sample(model, tokenizer, sampling)
-        todo = {(t.name, code): t for t, code in items if (t.name, code) not in self.cache}
-        futures = {key: self.dispatcher.run_task(task, key[1]) for key, task in todo.items()}
-        # No deadline for the whole batch: on a slow or busy machine it cut evaluations short and the
-        # mean covered whichever samples finished first. Each execution is bounded by the dispatcher
-        # (per-attempt timeout, retries), so every future ends.
-        cf.wait(list(futures.values()))
-        for key, future in futures.items():
-            if future.exception() is None and future.result() is not None:
-                self.cache[key] = float(future.result().reward)
-            # else not cached: a sandbox failure is retried at the next evaluation
-        rewards = [self.cache.get((t.name, c)) for t, c in items]
-        graded = [r for r in rewards if r is not None]
-        by_task, distinct_by_task = {}, {}
-        for task in self.tasks:
-            mine = [self.cache.get((t.name, c)) for t, c in items if t.name == task.name]
-            mine = [r for r in mine if r is not None]
-            by_task[task.name] = sum(mine) / len(mine) if mine else None
-            distinct_by_task[task.name] = len({c for t, c in items if t.name == task.name})
-        return {
-            "reward": sum(graded) / len(graded) if graded else None,
-            "by_task": by_task,
-            "samples": len(items),
-            "graded": len(graded),
-            "executed": len(todo),
-            "distinct_scripts": len({c for _, c in items}),
-            "distinct_scripts_by_task": distinct_by_task,
-            "eval_seconds": time.perf_counter() - started,
-        }
 
 
 # ---------------------------------------------------------------- one run
@@ -168,7 +73,7 @@ class RunOptions:
     progress: bool = True
     torch_threads: Optional[int] = None  # default: 1 for builtin (tiny) policies on CPU
     on_step: Optional[Callable[[dict], None]] = None
-    eval_cache: Optional[dict] = None  # (task, script) -> real reward, shareable between runs (evaluation only)
+    eval_cache: Optional[dict] = None  # (task, script) -> real Outcome, shareable between runs (evaluation only)
 
 
 @dataclass
@@ -273,9 +178,11 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
                                    timeout=spec.sandbox.timeout_seconds + 30)
     steps = spec.algorithm.steps
     when = eval_steps(steps, options.eval_every)
+    # Training waits while it evaluates here, so evaluation may use every sandbox slot.
     evaluator = HeldOutEvaluator(held_out, dispatcher, options.eval_samples, seed=spec.algorithm.seed + 7919,
-                                 cache=options.eval_cache, max_turns=spec.algorithm.max_turns,
-                                 max_tokens=spec.algorithm.max_trajectory_tokens)
+                                 cache=options.eval_cache if options.eval_cache is not None else {},
+                                 max_turns=spec.algorithm.max_turns, max_tokens=spec.algorithm.max_trajectory_tokens,
+                                 max_concurrent=len(sandbox_urls) * spec.sandbox.slots_per_pod)
     bar = None
     trainer = None
 
@@ -290,7 +197,10 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
         point = evaluator.evaluate(model, trainer.grpo.processing_class, spec.policy.sampling)
         point.update(step=step, wall_clock_s=state.wall_clock_s, executions=state.executions)
         state.evals.append(point)
-        log.info("held-out reward at step %d: %s", step, point["reward"])
+        if point["complete"]:
+            log.info("held-out reward at step %d: %s", step, point["reward"])
+        else:
+            log.warning("held-out evaluation at step %d is partial: %s", step, point["partial"])
         if bar is not None:
             bar.set_postfix_str(_postfix(state), refresh=True)
         save(finished=False)
@@ -314,7 +224,7 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
     try:
         policy = load_policy(spec.policy.model)
         trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
-                                callbacks=[on_step])
+                                callbacks=[on_step], evaluate=False)  # evaluated here, on the --eval-* schedule
         if stop_flag is not None:
             stop_flag(trainer)
         if options.progress:

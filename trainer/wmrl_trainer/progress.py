@@ -4,7 +4,10 @@
 WMRLRun's ``status`` subresource after every step (in-cluster service account, or the
 kubeconfig outside a cluster). A failed patch is logged and skipped: progress reporting
 never stops training. :class:`TrainerMetrics` serves the same figures on
-``runtime.metricsPort`` (``/metrics``).
+``runtime.metricsPort`` (``/metrics``). Held-out evaluations (:mod:`wmrl_trainer.evaluation`)
+reach both through :meth:`ProgressReporter.evaluated`: ``heldOutReward`` is the last
+complete evaluation's, and ``heldOut`` says what evaluating has cost (apart from training's
+``executions`` and ``sandboxSeconds``) and whether the latest one was partial.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from wmrl.api.schema import GROUP, PLURAL, VERSION, PolicyHealth, Progress, TurnProgress
+from wmrl.api.schema import GROUP, PLURAL, VERSION, HeldOutProgress, PolicyHealth, Progress, TurnProgress
 from wmrl_trainer.records import StepRecord
 
 log = logging.getLogger("wmrl.trainer.progress")
@@ -46,6 +49,51 @@ class Totals:
         self.ungraded = int(data.get("ungraded", 0))
 
 
+class HeldOutTotals:
+    """Held-out evaluations so far: the last complete one's reward and step, the latest's partial reason,
+    and the cumulative cost (restored from checkpoints, like :class:`Totals`)."""
+
+    def __init__(self) -> None:
+        self.reward: Optional[float] = None
+        self.step: Optional[int] = None
+        self.samples: Optional[int] = None
+        self.partial: Optional[str] = None
+        self.evaluations = 0
+        self.executions = 0
+        self.seconds = 0.0
+        self.report: Optional[str] = None
+
+    def add(self, point: dict[str, Any]) -> None:
+        """Count one evaluation (:func:`wmrl_trainer.evaluation.summarize`'s report plus its ``step``)."""
+        self.evaluations += 1
+        self.executions += int(point.get("executed") or 0)
+        self.seconds += float(point.get("eval_seconds") or 0.0)
+        self.report = point.get("report")
+        if point.get("complete"):
+            self.reward, self.step, self.samples, self.partial = float(point["reward"]), point["step"], point["samples"], None
+        else:
+            self.partial = f"step {point.get('step')}: {point.get('partial')}"
+
+    def progress(self) -> Optional[HeldOutProgress]:
+        if not self.evaluations:
+            return None
+        return HeldOutProgress(step=self.step, samples=self.samples, partial=self.partial, evaluations=self.evaluations,
+                               executions=self.executions, seconds=round(self.seconds, 3), report=self.report)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reward": self.reward, "step": self.step, "samples": self.samples, "partial": self.partial,
+                "evaluations": self.evaluations, "executions": self.executions, "seconds": self.seconds,
+                "report": self.report}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        self.reward = data.get("reward")
+        self.step, self.samples = data.get("step"), data.get("samples")
+        self.partial, self.report = data.get("partial"), data.get("report")
+        self.evaluations = int(data.get("evaluations", 0))
+        self.executions = int(data.get("executions", 0))
+        self.seconds = float(data.get("seconds", 0.0))
+
+
 def _turn_progress(turns: Optional[dict]) -> Optional[TurnProgress]:
     if not turns:
         return None
@@ -58,7 +106,7 @@ def _turn_progress(turns: Optional[dict]) -> Optional[TurnProgress]:
 
 
 def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
-                held_out_reward: Optional[float] = None) -> Progress:
+                held_out_reward: Optional[float] = None, held_out: Optional[HeldOutProgress] = None) -> Progress:
     """The ``status.progress`` object after ``record`` (``step`` = completed optimizer steps)."""
     return Progress(
         step=record.step + 1,
@@ -67,6 +115,7 @@ def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
         mean_world_model_reward=record.mean_world_model_reward,
         mean_calibrated_reward=record.mean_calibrated_reward,
         held_out_reward=held_out_reward,
+        held_out=held_out,
         anchor_fraction=record.anchor_fraction,
         bias_reduction=record.bias_reduction,
         anchor_weight=record.weight,
@@ -144,6 +193,15 @@ class TrainerMetrics:
                              registry=r)
         self.valid_by_turn = Gauge("wmrl_trainer_turn_valid_share", "Share of valid runs at each turn of the last step",
                                    ["turn"], registry=r)
+        self.held_out = Gauge("wmrl_trainer_held_out_reward",
+                              "Mean real reward on the held-out tasks at the last complete evaluation", registry=r)
+        self.held_out_partial = Gauge("wmrl_trainer_held_out_partial", "1 while the latest held-out evaluation is partial",
+                                      registry=r)
+        self.evaluations = Counter("wmrl_trainer_evaluations", "Held-out evaluations", ["result"], registry=r)
+        self.evaluation_executions = Counter("wmrl_trainer_evaluation_executions",
+                                             "Real executions of held-out evaluations (not in executions)", registry=r)
+        self.evaluation_seconds = Counter("wmrl_trainer_evaluation_seconds", "Wall seconds of held-out evaluations",
+                                          registry=r)
         self._server = None
         if port is not None:
             self._server, self._thread = start_http_server(port, addr=addr, registry=r)
@@ -190,6 +248,14 @@ class TrainerMetrics:
                 if share is not None:
                     self.valid_by_turn.labels(str(n)).set(share)
 
+    def observe_evaluation(self, point: dict[str, Any]) -> None:
+        if point.get("complete"):
+            self.held_out.set(point["reward"])
+        self.held_out_partial.set(0 if point.get("complete") else 1)
+        self.evaluations.labels("complete" if point.get("complete") else "partial").inc()
+        self.evaluation_executions.inc(int(point.get("executed") or 0))
+        self.evaluation_seconds.inc(float(point.get("eval_seconds") or 0.0))
+
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
@@ -203,14 +269,27 @@ class ProgressReporter:
     def __init__(self, totals: Totals, total_steps: Optional[int], patcher: Optional[StatusPatcher] = None,
                  metrics: Optional[TrainerMetrics] = None):
         self.totals, self.total_steps, self.patcher, self.metrics = totals, total_steps, patcher, metrics
-        self.held_out_reward: Optional[float] = None
+        self.held_out = HeldOutTotals()
         self.last: Optional[Progress] = None
         self._lock = threading.Lock()
+
+    @property
+    def held_out_reward(self) -> Optional[float]:
+        """The last complete held-out evaluation's mean real reward (a partial one never changes it)."""
+        return self.held_out.reward
+
+    def evaluated(self, point: dict[str, Any]) -> None:
+        """Take in one held-out evaluation's report; the next :meth:`report` carries it to status."""
+        with self._lock:
+            self.held_out.add(point)
+        if self.metrics is not None:
+            self.metrics.observe_evaluation(point)
 
     def report(self, record: StepRecord) -> Progress:
         with self._lock:
             self.totals.add(record)
-            progress = progress_of(record, self.totals, self.total_steps, self.held_out_reward)
+            progress = progress_of(record, self.totals, self.total_steps, self.held_out.reward,
+                                   self.held_out.progress())
             self.last = progress
         if self.metrics is not None:
             self.metrics.observe(record)

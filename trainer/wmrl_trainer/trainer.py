@@ -4,13 +4,21 @@
 ``runtime.checkpointDir``, calls every ``callbacks`` entry with a
 :class:`~wmrl_trainer.records.StepRecord` after each step, patches status, checkpoints every
 ``trainer.checkpoint.intervalSteps`` and on SIGTERM (then stops; ``wmrl train`` exits 143
-so the Job restarts it and it resumes). :meth:`WMRLTrainer.evaluate` measures the real
-reward of sampled solutions without changing what training draws.
+so the Job restarts it and it resumes).
+
+Held-out evaluation (``spec.evaluation``, :mod:`wmrl_trainer.evaluation`): after every
+``intervalSteps``-th step and after the last one, rank 0 samples the held-out tasks with the
+current policy and grades them by real execution, before it reports the step; the other
+processes wait for it in the step's collective (the process group's timeout,
+``2 x spec.sandbox.timeoutSeconds + 600`` s, bounds an evaluation under several processes).
+Its time is no step's: the next step's clock starts after it. The report goes to
+``<checkpoint dir>/eval/step-<n>.json``; ``heldOutReward`` (status, metrics, the step's log
+line) changes only with a complete evaluation. Under FSDP with several processes generation
+is collective, so the evaluation is reported partial (not supported there) instead of run.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import logging
 import threading
@@ -26,8 +34,9 @@ from wmrl.tasks import Task
 from wmrl_trainer.checkpoint import (WMRL_STATE, WORLD_MODEL_STATE, latest_checkpoint, load_json, save_json,
                                      save_trainer_state, write_checkpoint)
 from wmrl_trainer.distributed import World
+from wmrl_trainer.evaluation import HeldOutEvaluator
 from wmrl_trainer.health import HealthMonitor
-from wmrl_trainer.sampling import sample_solutions
+from wmrl_trainer.services import write_json_atomic
 
 log = logging.getLogger("wmrl.trainer")
 
@@ -77,8 +86,9 @@ class WMRLTrainer:
 
     def __init__(self, config: RunConfig, grpo: Any, step: Any, *, tasks: list[Task], held_out: list[Task],
                  reporter: Any, callbacks: Iterable[StepCallback] = (), owned: Iterable[Any] = (),
-                 world: World = World()):
-        """``step`` is None on ranks other than 0 (only rank 0 grades; :mod:`wmrl_trainer.distributed`)."""
+                 world: World = World(), evaluator: Optional[HeldOutEvaluator] = None):
+        """``step`` is None on ranks other than 0 (only rank 0 grades; :mod:`wmrl_trainer.distributed`);
+        ``evaluator`` (rank 0) evaluates the held-out tasks per ``spec.evaluation``; None: no evaluation."""
         self.config = config
         self.world = world
         self.grpo = grpo
@@ -95,6 +105,8 @@ class WMRLTrainer:
         self._owned = list(owned)
         self._step_started = time.perf_counter()
         self.health = HealthMonitor(config.spec.algorithm.group_size)
+        self.evaluator = evaluator
+        self.evaluations: list[dict[str, Any]] = []
         grpo.add_callback(_Hook(self))
 
     # ------------------------------------------------------------ training
@@ -112,7 +124,11 @@ class WMRLTrainer:
         state = self.grpo.state
         now = time.perf_counter()
         if scored is not None:  # progress comes from rank 0 only; its failure stops every rank
-            self.world.share(lambda: self._report(scored.record, now))
+            def report() -> None:
+                evaluation = self._evaluate_if_due(state.global_step, state.max_steps)
+                self._report(scored.record, now, evaluation)
+
+            self.world.share(report)
         stopping = self.world.any(self.stop_requested.is_set())  # every rank stops at the same step
         if stopping or state.global_step % self.interval == 0 or state.global_step >= state.max_steps:
             self.save_checkpoint()
@@ -120,7 +136,7 @@ class WMRLTrainer:
             control.should_training_stop = True
         self._step_started = time.perf_counter()
 
-    def _report(self, record: Any, now: float) -> None:
+    def _report(self, record: Any, now: float, evaluation: Optional[dict[str, Any]] = None) -> None:
         """Finish the step's record and hand it to the reporter, the log and the callbacks (rank 0)."""
         record.total = now - self._step_started
         record.update = max(0.0, record.total - record.generation - record.world_model - record.execution
@@ -133,7 +149,12 @@ class WMRLTrainer:
             log.warning("%s", change)
         self.records.append(record)
         self.reporter.report(record)
-        print(json.dumps({"event": "step", **record.to_json()}, default=float), flush=True)
+        line = {"event": "step", **record.to_json(), "held_out_reward": self.reporter.held_out_reward}
+        if evaluation is not None:
+            line["evaluation"] = {k: evaluation.get(k) for k in
+                                  ("step", "complete", "partial", "reward", "samples", "graded", "executed",
+                                   "eval_seconds", "report")}
+        print(json.dumps(line, default=float), flush=True)
         for callback in self.callbacks:
             callback(record)
 
@@ -161,7 +182,7 @@ class WMRLTrainer:
 
         step = self.step
         data: dict[str, Any] = {"step": self.grpo.state.global_step, "totals": self.reporter.totals.state_dict(),
-                                "health": self.health.state_dict()}
+                                "health": self.health.state_dict(), "heldOut": self.reporter.held_out.state_dict()}
         if step.selector is not None:
             data["selector"] = step.selector.state_dict()
         calibration = _calibration_state(step.calibration)
@@ -181,36 +202,73 @@ class WMRLTrainer:
             _load_calibration_state(step.calibration, data["calibration"])
         self.reporter.totals.load_state_dict(data.get("totals", {}))
         self.health.load_state_dict(data.get("health", {}))
+        self.reporter.held_out.load_state_dict(data.get("heldOut", {}))
         wm_path = directory / WORLD_MODEL_STATE
         if wm_path.is_file() and hasattr(step.world_model, "load_state_dict"):
             step.world_model.load_state_dict(torch.load(wm_path, weights_only=False))
 
     # ------------------------------------------------------------ evaluation
-    def evaluate(self, tasks: Sequence[Task], samples_per_task: int) -> float:
-        """Mean REAL reward of ``samples_per_task`` sampled solutions per task (NaN if none could be executed).
+    def evaluation_due(self, step: int, max_steps: int) -> bool:
+        """Whether ``spec.evaluation`` evaluates after optimizer step ``step`` (every intervalSteps, and the last)."""
+        interval = self.config.spec.evaluation.interval_steps
+        return step >= max_steps or (interval > 0 and step % interval == 0)
 
-        Generation uses the current policy with the run's sampling settings and leaves the
-        training RNG streams untouched, so evaluating does not change what training does.
+    def _evaluate_if_due(self, step: int, max_steps: int) -> Optional[dict[str, Any]]:
+        if self.evaluator is None or not self.evaluation_due(step, max_steps):
+            return None
+        return self.evaluate_held_out(step)
+
+    def evaluate_held_out(self, step: int) -> dict[str, Any]:
+        """Evaluate the held-out tasks now (rank 0), write the report and hand it to the reporter; returns it."""
+        if self.evaluator is None:
+            raise RuntimeError("no held-out evaluator (spec.tasks.heldOut empty, or not rank 0)")
+        ev = self.config.spec.evaluation
+        if self.world.size > 1 and getattr(self.grpo, "is_fsdp_enabled", False):
+            point = {"complete": False, "reward": None, "samples": 0, "graded": 0, "executed": 0, "eval_seconds": 0.0,
+                     "partial": "spec.trainer.strategy fsdp: generation is collective over the processes, and the "
+                                "held-out evaluation runs on rank 0 alone (not supported under FSDP yet)"}
+        else:
+            model = self.grpo.accelerator.unwrap_model(self.grpo.model)
+            sampling = self.config.spec.policy.sampling.model_copy(update={"temperature": ev.temperature})
+            point = self.evaluator.evaluate(model, self.grpo.processing_class, sampling)
+        point.update(step=step, samples_per_task=ev.samples, temperature=ev.temperature,
+                     max_turns=self.config.spec.algorithm.max_turns)
+        path = self.checkpoint_root / "eval" / f"step-{step}.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            point["report"] = str(path)
+            write_json_atomic(path, point)
+        except OSError as exc:  # a full volume must not stop training; the figures still reach status
+            point["report"] = None
+            log.warning("writing the held-out report %s failed: %s", path, exc)
+        self.reporter.evaluated(point)
+        self.evaluations.append(point)
+        if point["complete"]:
+            log.info("held-out reward at step %d: %.4f (%d trajectories, %d executions, %.1f s)", step,
+                     point["reward"], point["samples"], point["executed"], point["eval_seconds"])
+        else:
+            log.warning("held-out evaluation at step %d is partial: %s", step, point["partial"])
+        return point
+
+    def evaluate(self, tasks: Sequence[Task], samples_per_task: int) -> float:
+        """Mean REAL reward of ``samples_per_task`` sampled solutions per task (NaN unless every one was graded).
+
+        The same evaluation as ``spec.evaluation``'s (:mod:`wmrl_trainer.evaluation`), on
+        ``tasks``, with the run's training sampling settings; it leaves the training RNG
+        streams untouched and reports nothing.
         """
         if self.step is None:
             raise RuntimeError("evaluate runs on rank 0, which holds the sandbox dispatcher")
         dispatcher = self.step.dispatcher
         if dispatcher is None:
             raise ValueError("evaluate needs a sandbox dispatcher (runtime.sandboxUrls or sandboxService)")
+        evaluator = HeldOutEvaluator(tasks, dispatcher, samples_per_task, seed=self.config.spec.algorithm.seed + 7919,
+                                     max_turns=self.config.spec.algorithm.max_turns,
+                                     max_tokens=self.config.spec.algorithm.max_trajectory_tokens,
+                                     max_concurrent=self.config.spec.evaluation.max_concurrent)
         model = self.grpo.accelerator.unwrap_model(self.grpo.model)
-        futures: list[cf.Future] = []
-        # Execution of one task's samples overlaps with generation for the next task.
-        for task, codes in sample_solutions(model, self.grpo.processing_class, tasks,
-                                            self.config.spec.policy.sampling, samples_per_task):
-            futures += [dispatcher.run_task(task, code) for code in codes]
-        done, _ = cf.wait(futures, timeout=self.step.execution_timeout)
-        rewards = []
-        for future in futures:
-            if future in done and future.exception() is None and future.result() is not None:
-                rewards.append(future.result().reward)
-            else:
-                future.cancel()
-        return float(np.mean(rewards)) if rewards else float("nan")
+        point = evaluator.evaluate(model, self.grpo.processing_class, self.config.spec.policy.sampling)
+        return float(point["reward"]) if point["reward"] is not None else float("nan")
 
     # ------------------------------------------------------------ summary
     def summary(self) -> dict[str, Any]:
@@ -232,6 +290,8 @@ class WMRLTrainer:
             "meanSeconds": mean,
             "executionWaitFraction": (sum(r.execution for r in records) / total) if total > 0 else None,
             "progress": last,
+            "heldOut": [{k: e.get(k) for k in ("step", "complete", "partial", "reward", "eval_seconds", "executed")}
+                        for e in self.evaluations],
         }
 
     def close(self) -> None:

@@ -269,6 +269,8 @@ PRINTER_COLUMNS = [
      "description": "Mean reward of really executed rollouts (anchors; all rollouts in mode real)."},
     {"name": "Calibrated", "type": "number", "jsonPath": ".status.progress.meanCalibratedReward", "priority": 1,
      "description": "Mean calibrated world-model reward (the only reward in mode worldModel)."},
+    {"name": "HeldOut", "type": "number", "jsonPath": ".status.progress.heldOutReward",
+     "description": "Mean real reward on the held-out tasks at the last complete evaluation (spec.evaluation)."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -351,6 +351,37 @@ class CalibrationSpec(_Model):
                                           description="Taints the calibration service's Pod tolerates.")
 
 
+class EvaluationSpec(_Model):
+    """Held-out evaluation during training: ``spec.tasks.heldOut`` graded by REAL execution."""
+
+    interval_steps: int = Field(
+        0, ge=0, description="Evaluate every this many optimizer steps, and always after the last one; 0: only "
+        "after the last step. Runs on trainer rank 0 between steps (the other processes wait for it).")
+    samples: int = Field(4, ge=1, le=256, description="Sampled trajectories per held-out task (the reward is avg@samples).")
+    temperature: float = Field(
+        1.0, gt=0, le=5, description="Sampling temperature of evaluation (training's is spec.policy.sampling.temperature; "
+        "topP and maxNewTokens are training's).")
+    max_concurrent: int = Field(
+        4, ge=1, le=1024, description="Cap on evaluation's real executions in flight at once, so it leaves the "
+        "sandbox pool to training's anchors.")
+
+
+class TrajectoryLogSpec(_Model):
+    """Trajectory logs: JSON lines on the checkpoint volume, <checkpoint path>/trajectories/rank-<r>.jsonl."""
+
+    sample_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of trajectories logged (prompt, every turn's text and grades, rewards, "
+        "advantage, weight); 0: off, 1: every one. Which trajectories is decided by (seed, step, row).")
+    max_file_bytes: int = Field(
+        64 * 1024 * 1024, ge=4096, le=1 << 40, description="A rank's file is rotated (rank-<r>.jsonl -> .1 -> .2 ...) "
+        "before a write would take it past this size.")
+    keep_files: int = Field(4, ge=0, le=1000, description="Rotated files kept per rank besides the current one.")
+
+
+class LoggingSpec(_Model):
+    trajectories: TrajectoryLogSpec = Field(default_factory=TrajectoryLogSpec)
+
+
 class FailurePolicySpec(_Model):
     max_restarts: int = Field(3, ge=0, le=1000, description="Trainer recreations (resuming from checkpoint) before the run fails.")
 
@@ -365,6 +396,8 @@ class WMRLRunSpec(_Model):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     active_deadline_seconds: Optional[int] = Field(None, ge=1)
     ttl_seconds_after_finished: Optional[int] = Field(None, ge=0)
@@ -430,6 +463,20 @@ class TurnProgress(_Model):
         "script produced a valid submission, by the grade they were shown.")
 
 
+class HeldOutProgress(_Model):
+    """Held-out evaluation (spec.evaluation) as of the last one: what heldOutReward is, and what evaluating cost."""
+
+    step: Optional[int] = Field(None, description="Step of the last complete evaluation (the one heldOutReward is).")
+    samples: Optional[int] = Field(None, description="Trajectories the last complete evaluation graded.")
+    partial: Optional[str] = Field(
+        None, description="Set when the latest evaluation did not complete (step and reason); heldOutReward then "
+        "stays at the last complete one.")
+    evaluations: int = Field(0, description="Evaluations run (complete or partial).")
+    executions: int = Field(0, description="Real executions of every evaluation so far (not in executions).")
+    seconds: float = Field(0.0, description="Wall seconds of every evaluation so far (not in any step's time).")
+    report: Optional[str] = Field(None, description="The last evaluation's per-task report on the checkpoint volume.")
+
+
 class Progress(_Model):
     """Patched by the trainer each step; the operator never writes it."""
 
@@ -438,7 +485,10 @@ class Progress(_Model):
     mean_real_reward: Optional[float] = None
     mean_world_model_reward: Optional[float] = None
     mean_calibrated_reward: Optional[float] = None
-    held_out_reward: Optional[float] = None
+    held_out_reward: Optional[float] = Field(
+        None, description="Mean REAL reward of sampled trajectories on spec.tasks.heldOut at the last complete "
+        "evaluation (spec.evaluation).")
+    held_out: Optional[HeldOutProgress] = None
     anchor_fraction: Optional[float] = None
     bias_reduction: Optional[float] = None
     anchor_weight: Optional[float] = None
