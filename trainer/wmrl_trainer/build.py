@@ -37,6 +37,7 @@ from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, Train
 from wmrl_trainer.rollout_server import rollout_server_subject, wait_for_rollout_server
 from wmrl_trainer.sampling import make_prompt
 from wmrl_trainer.tasks import load_tasks, split_held_out
+from wmrl_trainer.trajectory_log import TrajectoryLogger
 from wmrl_trainer.trainer import StepCallback, WMRLTrainer
 from wmrl_trainer.world_model import build_world_model
 
@@ -210,7 +211,8 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
 
     ``policy`` is ``(model, tokenizer)``; ``tasks`` are the training tasks (held-out tasks are
     then ``held_out``, default none); ``rollouts_dir`` logs every rank's rows of every step
-    there. With held-out tasks and ``evaluate``, rank 0 evaluates them per ``spec.evaluation``
+    there (``spec.logging.trajectories`` logs sampled trajectories in full under the checkpoint
+    dir, :mod:`wmrl_trainer.trajectory_log`). With held-out tasks and ``evaluate``, rank 0 evaluates them per ``spec.evaluation``
     through the sandbox dispatcher (built for it in mode worldModel too, when the runtime names
     sandboxes). What this function builds itself it also closes.
     """
@@ -285,6 +287,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
         train_dataset=dataset, processing_class=tokenizer, wmrl_step=step, tasks=by_name,
         max_turns=alg.max_turns, max_trajectory_tokens=alg.max_trajectory_tokens, world=world,
         rollouts_dir=rollouts_dir, rollout_weights_dir=Path(config.runtime.checkpoint_dir) / "rollout-weights",
+        trajectory_logger=TrajectoryLogger.from_spec(spec, config.runtime.checkpoint_dir, world.rank),
     )
     from transformers.trainer_callback import PrinterCallback
 

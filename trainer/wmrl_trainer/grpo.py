@@ -85,6 +85,7 @@ from wmrl.tasks import Task
 from wmrl_trainer.distributed import World
 from wmrl_trainer.loop import Scored, WMRLStep, extract_code
 from wmrl_trainer.sampling import completion_text, default_trajectory_tokens, observation_ids
+from wmrl_trainer.trajectory_log import TrajectoryLogger, trajectory_entry, turn_log
 from wmrl_trainer.vllm_sync import generation_backend, vllm_on_cpu, weight_sync
 
 
@@ -117,7 +118,8 @@ def vllm_weight_sync(args: Any) -> Optional[str]:
 class WMRLGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, wmrl_step: Optional[WMRLStep], tasks: dict[str, Task], max_turns: int = 1,
                  max_trajectory_tokens: Optional[int] = None, world: World = World(),
-                 rollouts_dir: Optional[str] = None, rollout_weights_dir: Optional[Path] = None, **kwargs: Any):
+                 rollouts_dir: Optional[str] = None, rollout_weights_dir: Optional[Path] = None,
+                 trajectory_logger: Optional[TrajectoryLogger] = None, **kwargs: Any):
         if max_turns < 1:
             raise ValueError(f"spec.algorithm.maxTurns must be at least 1, got {max_turns}")
         self.wmrl_step = wmrl_step
@@ -130,6 +132,8 @@ class WMRLGRPOTrainer(GRPOTrainer):
         self._pending: Any = None
         self._submitted = False
         self._local_codes: list[list[str]] = []  # per row of this rank: its script per turn
+        self._local_texts: list[list[str]] = []  # per row of this rank: its completion text per turn
+        self.trajectory_logger = trajectory_logger
         self.rollouts_dir = Path(rollouts_dir) if rollouts_dir else None
         if self.max_turns > 1:
             kwargs["rollout_func"] = self._multi_turn_rollout
@@ -171,6 +175,8 @@ class WMRLGRPOTrainer(GRPOTrainer):
         advantages, graded = advantages[mine], graded[mine]
         if self.rollouts_dir is not None:
             self._log_rollouts(inputs, scored, mine, advantages, graded)
+        if self.trajectory_logger is not None:
+            self._log_trajectories(inputs, scored, mine, advantages, graded)
         device = output["advantages"].device
         output["advantages"] = torch.tensor(advantages, dtype=output["advantages"].dtype, device=device)
         keep = torch.tensor(graded, dtype=output["completion_mask"].dtype, device=device).unsqueeze(1)
@@ -188,6 +194,7 @@ class WMRLGRPOTrainer(GRPOTrainer):
             self.last_generation_seconds = time.perf_counter() - started
             texts = [completion_text(c) for c in result[3]]
             self._local_codes = [[extract_code(t)] for t in texts]
+            self._local_texts = [[t] for t in texts]
             self._submit(texts, self._batch_tasks)
         return result
 
@@ -206,6 +213,28 @@ class WMRLGRPOTrainer(GRPOTrainer):
                     "advantage": float(advantages[j]), "graded": bool(graded[j]),
                     "anchor": row // self.num_generations in anchors, "weight": float(scored.weight)}) + "\n")
 
+    def _log_trajectories(self, inputs: list[dict[str, Any]], scored: Scored, mine: slice, advantages: np.ndarray,
+                          graded: np.ndarray) -> None:
+        """Append this rank's sampled rows of the step to its trajectory log (:mod:`wmrl_trainer.trajectory_log`)."""
+        logged = scored.turn_log or {}
+        entries = []
+        for j, row in enumerate(range(mine.start, mine.stop)):
+            if row not in logged:
+                continue
+            entries.append(trajectory_entry(
+                step=self.state.global_step, rank=self.world.rank, row=row, group_size=self.num_generations,
+                task=inputs[j]["task"], mode=scored.record.mode, prompt=inputs[j]["prompt"],
+                texts=self._local_texts[j] if j < len(self._local_texts) else [], scored=scored,
+                advantage=advantages[j], graded=graded[j]))
+        self.trajectory_logger.write(entries)
+
+    def _with_turn_log(self, scored: Scored, codes: Optional[list[list[str]]]) -> Scored:
+        """Rank 0: the grades of the rows the trajectory log samples, carried to every rank with the step's result."""
+        if self.trajectory_logger is not None:
+            rows = self.trajectory_logger.rows(self.state.global_step, scored.rewards.size)
+            scored.turn_log = turn_log(scored, codes or [], rows, self.num_generations)
+        return dataclasses.replace(scored, wm_outcomes=None, real_outcomes=None)  # only the log needed them
+
     def _submit(self, texts: list[str], names: list[str]) -> None:
         """Start grading the whole generation batch (every rank's rows) on rank 0."""
         texts, names = self.world.gather(texts), self.world.gather(names)
@@ -219,7 +248,7 @@ class WMRLGRPOTrainer(GRPOTrainer):
     def _score_pending(self) -> Scored:
         if isinstance(self._pending, Exception):
             raise self._pending
-        return self.wmrl_step.score(self._pending)
+        return self._with_turn_log(self.wmrl_step.score(self._pending), self._pending.codes)
 
     def wmrl_reward(self, prompts: list, completions: list, **kwargs: Any) -> list[Optional[float]]:
         """TRL reward function: the WMRL step's reward per row of this rank, ``None`` where ungraded."""
@@ -292,6 +321,7 @@ class WMRLGRPOTrainer(GRPOTrainer):
         logprobs: Optional[list[list[float]]] = None
         done = [False] * len(prompts)
         self._local_codes = [[] for _ in prompts]
+        self._local_texts = [[] for _ in prompts]
         generation = 0.0
         for turn in range(self.max_turns):
             active = [r for r in range(len(prompts)) if not done[r]]
@@ -323,8 +353,9 @@ class WMRLGRPOTrainer(GRPOTrainer):
                     logprobs[r] += list(new_logprobs[j][:len(ids)])
             texts = self.processing_class.batch_decode(written, skip_special_tokens=True) if written else []
             codes = [extract_code(t) for t in texts]
-            for r, code in zip(active, codes):
+            for r, code, text in zip(active, codes, texts):
                 self._local_codes[r].append(code)
+                self._local_texts[r].append(text)
             graded = world.gather([(offset + r, code) for r, code in zip(active, codes)])
 
             def grade() -> dict[int, tuple[bool, str]]:
@@ -367,6 +398,8 @@ class WMRLGRPOTrainer(GRPOTrainer):
         def finish() -> Scored:
             finished["scored"] = scored = self.wmrl_step.finish_trajectories(batch)
             scored.record.turns = batch.summary()
+            scored = self._with_turn_log(scored, None)
+            finished["scored"].turn_log = scored.turn_log
             return dataclasses.replace(scored, trajectories=None)  # the trajectories stay on rank 0
 
         shared = world.share(finish)

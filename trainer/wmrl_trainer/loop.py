@@ -85,6 +85,12 @@ class Scored:
     record: StepRecord
     trajectories: Any = None
     """The step's multi-turn trajectories (:class:`wmrl_trainer.turns.Trajectories`); None for single turns."""
+    wm_outcomes: Optional[list] = None
+    """Single turns: the world model's outcome of every row, ``[n_groups][G]`` (None: ungraded or not asked)."""
+    real_outcomes: Optional[list] = None
+    """Single turns: the real outcome of every row, ``[n_groups][G]`` (None: not executed, failed or late)."""
+    turn_log: Optional[dict] = None
+    """Rows picked for the trajectory log -> their turns' grades (:mod:`wmrl_trainer.trajectory_log`)."""
 
 
 @dataclass
@@ -228,17 +234,20 @@ class WMRLStep:
         future.add_done_callback(done)
         return future
 
-    def _grade_world_model(self, tasks: list[Task], codes: list[list[str]]) -> tuple[np.ndarray, float]:
-        """Raw WM rewards ``[n_groups, G]`` (NaN = ungraded) and the busy seconds, from one batched call."""
+    def _grade_world_model(self, tasks: list[Task], codes: list[list[str]]) -> tuple[np.ndarray, float, list]:
+        """Raw WM rewards ``[n_groups, G]`` (NaN = ungraded), the busy seconds and the outcomes
+        ``[n_groups][G]``, from one batched call."""
         started = self.clock()
         flat = [(g, i, tasks[g], code) for g, group in enumerate(codes) for i, code in enumerate(group)]
         rewards = np.full((len(codes), len(codes[0])), np.nan)
         outcomes = self.world_model.grade([(task, code) for _, _, task, code in flat])
         if len(outcomes) != len(flat):
             raise RuntimeError(f"world model returned {len(outcomes)} outcomes for {len(flat)} rollouts")
+        grid: list[list[Optional[Outcome]]] = [[None] * len(group) for group in codes]
         for (g, i, _, _), outcome in zip(flat, outcomes):
             rewards[g, i] = _reward_or_nan(outcome)
-        return rewards, self.clock() - started
+            grid[g][i] = outcome
+        return rewards, self.clock() - started, grid
 
     # ------------------------------------------------------------------ score
     def score(self, pending: _Pending) -> Scored:
@@ -248,9 +257,10 @@ class WMRLStep:
                             distinct_per_group=distinct_per_group(pending.codes))
 
         wm = np.full((n_groups, group_size), np.nan)
+        wm_outcomes: list = [[None] * group_size for _ in range(n_groups)]
         if pending.wm_future is not None:
             t0 = self.clock()
-            wm, record.world_model_busy = pending.wm_future.result()
+            wm, record.world_model_busy, wm_outcomes = pending.wm_future.result()
             record.world_model = self.clock() - t0
 
         t0 = self.clock()
@@ -276,7 +286,10 @@ class WMRLStep:
         pairs = [(task, group_wm, group_real) for task, _, group_wm, group_real, _ in groups]
         observed = [(task, code, outcome) for task, codes, _, _, group_outcomes in groups
                     for code, outcome in zip(codes, group_outcomes)]
-        return self._decide(record, wm, real, anchors, pairs, observed)
+        scored = self._decide(record, wm, real, anchors, pairs, observed)
+        scored.wm_outcomes = wm_outcomes
+        scored.real_outcomes = [[outcomes.get((g, i)) for i in range(group_size)] for g in range(n_groups)]
+        return scored
 
     def _decide(self, record: StepRecord, wm: np.ndarray, real: np.ndarray, anchors: list[int],
                 pairs: list[tuple], observed: list[tuple]) -> Scored:

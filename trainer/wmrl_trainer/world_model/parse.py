@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from wmrl.outcome import Outcome, Status
 from wmrl_trainer.prompts import ENV_FEEDBACK_CHARS
+from wmrl_trainer.world_model.explain import explain
 
 FEEDBACK_CHARS = ENV_FEEDBACK_CHARS
 THINK_END = "</think>"
@@ -91,6 +92,12 @@ def outcomes_from_text(text: str) -> list[Outcome]:
 
 def outcome_from_text(text: str) -> Optional[Outcome]:
     """The answer's outcome: its first well-formed prediction (see the module docstring), or None if
-    no prediction is usable."""
+    no prediction is usable. The answer's raw predictions (with their ``reason``) are attached for
+    the trajectory logs (:func:`wmrl_trainer.world_model.explain.explanation`)."""
     outcomes = outcomes_from_text(text)
-    return outcomes[0] if outcomes else None
+    if not outcomes:
+        return None
+    predictions = predictions_from_text(text)
+    chosen = next(p for p in predictions if outcome_from_prediction(p) is not None)  # the outcome's own
+    reason = chosen.get("reason") if isinstance(chosen.get("reason"), str) else None
+    return explain(outcomes[0], {"reason": reason, "predictions": predictions})
