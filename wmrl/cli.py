@@ -53,6 +53,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(("bench", "speedup"), "wmrl_bench.speedup", "benchmark: WMRL against real-execution GRPO"),
     Command(("bench", "quickstart"), "wmrl_bench.robustness",
             "benchmark: the quickstart over seeds x torch threads; exit 1 unless every cell learns"),
+    Command(("trajectories",), "wmrl_trainer.trajectories_cli",
+            "print or filter a run's trajectory logs (spec.logging.trajectories)"),
     Command(("report",), "wmrl_bench.report", "render a speedup results JSON as a plot and a Markdown table"),
 )
 
