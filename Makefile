@@ -25,7 +25,7 @@ TRAINER_IMAGE ?= $(REGISTRY)/trainer:$(VERSION)
 SANDBOX_IMAGE ?= $(REGISTRY)/sandbox:$(VERSION)
 DOCKER ?= docker
 
-.PHONY: help venv cluster vllm test quickstart generate crds lint images kind-e2e
+.PHONY: help venv cluster vllm test-images test-deps test quickstart generate crds lint images kind-e2e
 
 help:
 	@sed -n 's/^#   make /make /p' Makefile
@@ -50,10 +50,20 @@ cluster:
 vllm:
 	@$(PYTHON) tests/vllm_cpu/harness.py build
 
+# The project's images the e2e suite runs on the real node (tests/images, buildah, cached by a hash
+# of their inputs under $${WMRL_CACHE:-~/.cache/wmrl}/images); a no-op when cached.
+test-images:
+	@$(PYTHON) tests/images/images.py build
+
+# Everything the tests need that is slow to build, side by side: the control plane's Go builds are
+# CPU-bound while the venvs and the images mostly download and unpack (docs/e2e.md has the times).
+test-deps:
+	@$(MAKE) --no-print-directory -j4 --output-sync=line venv cluster vllm test-images
+
 # The session fixtures start and stop the control plane (tests/conftest.py) and vLLM
 # (tests/vllm_cpu/conftest.py).
 # pytest's exit status is make's; exit 5 (no tests collected) counts as failure.
-test: venv cluster vllm
+test: test-deps
 	@rc=0; $(PY) -m pytest -q $(PYTEST_ARGS) tests || rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then echo "make test: pytest collected no tests"; rc=1; fi; \
 	if [[ $$rc -eq 0 ]]; then echo "make test: PASSED"; else echo "make test: FAILED (exit $$rc)"; fi; \

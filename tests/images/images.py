@@ -104,9 +104,12 @@ def ensure_tools(packages: Sequence[str] = DEBIAN_PACKAGES) -> None:
         raise RuntimeError(f"{', '.join(missing)} missing: run `apt-get install {' '.join(missing)}` as root")
     print(f"images: installing {' '.join(missing)} (apt)", file=sys.stderr, flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=sys.stderr)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=600", "--no-install-recommends",
-                    *missing], check=True, env=env, stdout=sys.stderr)
+    # The lock tests/cluster/build takes too: make test builds the node and the images at once.
+    with open(os.environ.get("WMRL_APT_LOCK", "/var/lock/wmrl-apt.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=sys.stderr)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=600", "--no-install-recommends",
+                        *missing], check=True, env=env, stdout=sys.stderr)
 
 
 @dataclass
