@@ -57,8 +57,9 @@ test-images:
 
 # Everything the tests need that is slow to build, side by side: the control plane's Go builds are
 # CPU-bound while the venvs and the images mostly download and unpack (docs/e2e.md has the times).
+# Their lines interleave as they come (each says what it builds: [build], [vllm], images:).
 test-deps:
-	@$(MAKE) --no-print-directory -j4 --output-sync=line venv cluster vllm test-images
+	@$(MAKE) --no-print-directory -j4 venv cluster vllm test-images
 
 # The session fixtures start and stop the control plane (tests/conftest.py) and vLLM
 # (tests/vllm_cpu/conftest.py).
