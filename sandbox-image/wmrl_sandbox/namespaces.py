@@ -140,7 +140,7 @@ def _init(program: int, report: int) -> None:  # pragma: no cover - PID 1 of an 
 
 def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] = (), hidden: Iterable[str] = (),
           tmpfs_bytes: int = 256 << 20) -> None:  # pragma: no cover - runs in a fork server's child
-    """Make, in this process, what :func:`bwrap_command` makes for a cold execution.
+    r"""Make, in this process, what :func:`bwrap_command` makes for a cold execution.
 
     Three processes, as with bwrap: this one ``unshare``\s new user, PID, network, mount, IPC, UTS
     and cgroup namespaces and forks the namespace's PID 1, which sets up the mounts (everything
