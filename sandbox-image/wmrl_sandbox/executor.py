@@ -46,6 +46,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from wmrl_sandbox import cgroups, seccomp
+from wmrl_sandbox.data_mount import DATA_DIR, DataMount, bwrap_args
 from wmrl_sandbox.fetch import fetch_as_uid, fetch_in_workdir
 from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.linux import pidfd_exited
@@ -75,6 +76,7 @@ class Limits:
     max_output_bytes: int = 1 << 20  # per stream
     max_fetch_bytes: int = 64 << 20  # all fetched files together
     tmpfs_mb: int = 64  # size of each private /tmp, /var/tmp, /dev/shm
+    threads: int = 1  # OMP/OpenBLAS/MKL threads (one per whole CPU of the execution's cgroup, --cpus)
 
 
 @dataclass
@@ -85,6 +87,10 @@ class ExecutionRequest:
     stdin: Optional[str] = None
     files: dict[str, bytes] = field(default_factory=dict)
     fetch_files: list[str] = field(default_factory=list)
+    # A task's public directory (resolved, wmrl_sandbox.data_mount), mounted read-only at data/, and the
+    # tasks directory, hidden from the execution (whether or not it mounts a public directory).
+    data_source: Optional[str] = None
+    data_hide: Optional[str] = None
 
 
 @dataclass
@@ -207,6 +213,8 @@ def _prepare(exec_dir: Path, workdir: Path, request: ExecutionRequest, uid: Opti
         pure = safe_relative_path(rel, "files")
         if str(pure) == SCRIPT_NAME:
             raise RequestError(f"files[{rel!r}]: {SCRIPT_NAME} is where the program itself is written")
+        if request.data_source is not None and pure.parts[0] == DATA_DIR:
+            raise RequestError(f"files[{rel!r}]: {DATA_DIR}/ is where data_dir is mounted")
         target = workdir / pure
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -214,6 +222,8 @@ def _prepare(exec_dir: Path, workdir: Path, request: ExecutionRequest, uid: Opti
         except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
             raise RequestError(f"files[{rel!r}]: clashes with another entry of files ({exc.strerror})") from exc
     (workdir / SCRIPT_NAME).write_text(request.code, encoding="utf-8")
+    if request.data_source is not None:
+        (workdir / DATA_DIR).mkdir(mode=0o755)  # the mount point of the task's public directory
     if uid is not None:
         for root, dirs, files in os.walk(workdir):
             os.chown(root, uid, uid)
@@ -258,11 +268,24 @@ def _namespace_layout(workdir: Path, work_root: str, needed: list[str]) -> dict[
 
 
 def _bwrap_prefix(bwrap: str, workdir: Path, work_root: str, python: str, limits: Limits, filter_fd: int,
-                  info_fd: int) -> list[str]:
+                  info_fd: int, data: Optional[DataMount] = None) -> list[str]:
     """bwrap's arguments for a cold deployed-mode execution, up to the program's command line."""
     layout = _namespace_layout(workdir, work_root, [interpreter_root(python)])
     return bwrap_command(bwrap, workdir=str(workdir), work_root=work_root, seccomp_fd=filter_fd, info_fd=info_fd,
-                         visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=limits.tmpfs_mb << 20)
+                         visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=limits.tmpfs_mb << 20,
+                         data=bwrap_args(data) if data is not None else None)
+
+
+def _data_mount(request: ExecutionRequest, workdir: Path, uid: Optional[int], isolation: Isolation) -> Optional[DataMount]:
+    """The execution's task data mount (:mod:`wmrl_sandbox.data_mount`), if it asked for one."""
+    if request.data_hide is None:
+        if request.data_source is not None:
+            raise RequestError("data_dir: no tasks directory to hide")  # the server always sets data_hide with it
+        return None
+    if not (isolation.bwrap if uid is None else isolation.mount_namespace):
+        raise RequestError("--tasks-dir: executions get no mount namespace here, which hides the private answers")
+    target = str(workdir / DATA_DIR) if request.data_source is not None else None
+    return DataMount(request.data_source, target, request.data_hide)
 
 
 def _namespace_init(info_fd: int, parent: int, timeout: float = 10.0) -> Optional[int]:
@@ -349,6 +372,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
     start = time.monotonic()
     try:
         _prepare(exec_dir, workdir, request, uid)
+        data = _data_mount(request, workdir, uid, isolation)
         exec_group = groups.create(memory_mb, limits.nproc) if groups is not None else None
         cgroup_join = tuple(exec_group.join_files) if exec_group is not None else ()
         tasks_in_cgroup = exec_group is not None and exec_group.bounds_tasks
@@ -365,7 +389,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
                 if warm is None:  # a warm child makes the namespaces itself and loads the filter
                     filter_read = _filter_pipe()
                     command = _bwrap_prefix(isolation.bwrap, workdir, work_root, python, limits, filter_read,
-                                            info_write) + command
+                                            info_write, data) + command
             start = time.monotonic()
             if warm is not None:
                 layout = None
@@ -374,9 +398,9 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
                                                                        *warm.info["libraries"]]),
                               "tmpfs_bytes": limits.tmpfs_mb << 20}
                 job = job_message(warm, script=str(workdir / SCRIPT_NAME), workdir=str(workdir), exec_dir=str(exec_dir),
-                                  env=child_env(str(workdir), marker), uid=uid, isolation=isolation, limits=limits,
+                                  env=child_env(str(workdir), marker, limits.threads), uid=uid, isolation=isolation, limits=limits,
                                   memory_mb=memory_mb, run_timeout=run_timeout, python=python, namespaces=layout,
-                                  cgroup_join=cgroup_join, tasks_in_cgroup=tasks_in_cgroup)
+                                  cgroup_join=cgroup_join, tasks_in_cgroup=tasks_in_cgroup, data=data)
                 extra_fd = info_write if info_write is not None else ns_child.fileno() if ns_child is not None else None
                 try:
                     proc = warm.spawn(job, extra_fd)
@@ -386,11 +410,11 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
             else:
                 proc = subprocess.Popen(
                     command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    cwd=str(workdir), env=child_env(str(workdir), marker), start_new_session=True,
+                    cwd=str(workdir), env=child_env(str(workdir), marker, limits.threads), start_new_session=True,
                     pass_fds=tuple(fd for fd in (filter_read, info_write) if fd is not None),
                     preexec_fn=make_preexec(str(exec_dir), uid, isolation, limits, memory_mb, run_timeout, python,
                                              ns_sock=ns_child, cgroup_join=cgroup_join,
-                                             tasks_in_cgroup=tasks_in_cgroup),
+                                             tasks_in_cgroup=tasks_in_cgroup, data=data),
                 )
             live_mains.claim(proc.pid)  # ours to reap: another execution's orphan reaper leaves it alone
             if ns_parent is not None:

@@ -29,7 +29,7 @@ import json
 import os
 import select
 import signal
-from typing import Iterable
+from typing import Iterable, Optional
 
 from wmrl_sandbox.linux import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID,
                                 CLONE_NEWUSER, CLONE_NEWUTS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE,
@@ -40,7 +40,8 @@ INSIDE_UID = 1000
 
 
 def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, info_fd: int,
-                  visible: Iterable[str] = (), hidden: Iterable[str] = (), tmpfs_bytes: int = 256 << 20) -> list[str]:
+                  visible: Iterable[str] = (), hidden: Iterable[str] = (), tmpfs_bytes: int = 256 << 20,
+                  data: Optional[tuple[list[str], list[str]]] = None) -> list[str]:
     """bwrap's arguments up to and including ``--`` (the program's command line follows).
 
     bwrap writes ``{"child-pid": N}`` to ``info_fd`` once the namespaces exist: N is the PID
@@ -48,7 +49,9 @@ def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, 
 
     ``visible``: read-only paths bound back after the tmpfs mounts (the interpreter's root when
     it lives under /tmp); ``hidden``: directories masked by an empty tmpfs (the server's home,
-    service account tokens).
+    service account tokens). ``data``: the task data mount's arguments
+    (:func:`wmrl_sandbox.data_mount.bwrap_args`): the tasks directory hidden with the other masks,
+    the public directory bound read-only after the working directory.
     """
     args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(INSIDE_UID), "--gid",
             str(INSIDE_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -58,10 +61,14 @@ def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, 
     for directory in (*hidden, work_root):
         if os.path.isdir(directory):
             args += ["--tmpfs", directory]
+    if data is not None:
+        args += data[0]
     for path in visible:
         args += ["--ro-bind", path, path]
-    args += ["--bind", workdir, workdir, "--chdir", workdir, "--seccomp", str(seccomp_fd), "--info-fd", str(info_fd),
-             "--"]
+    args += ["--bind", workdir, workdir]
+    if data is not None:
+        args += data[1]
+    args += ["--chdir", workdir, "--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--"]
     return args
 
 
@@ -139,13 +146,15 @@ def _init(program: int, report: int) -> None:  # pragma: no cover - PID 1 of an 
 
 
 def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] = (), hidden: Iterable[str] = (),
-          tmpfs_bytes: int = 256 << 20) -> None:  # pragma: no cover - runs in a fork server's child
+          tmpfs_bytes: int = 256 << 20, data: Optional[list[str]] = None) -> None:  # pragma: no cover - runs in a fork server's child
     r"""Make, in this process, what :func:`bwrap_command` makes for a cold execution.
 
     Three processes, as with bwrap: this one ``unshare``\s new user, PID, network, mount, IPC, UTS
     and cgroup namespaces and forks the namespace's PID 1, which sets up the mounts (everything
     read-only, its own /proc, fresh tmpfs over /tmp, /var/tmp and /dev/shm, the work root and
-    ``hidden`` masked, ``workdir`` bound back read-write and ``visible`` read-only), dies with its
+    ``hidden`` masked, ``workdir`` bound back read-write and ``visible`` read-only; with ``data``,
+    :class:`wmrl_sandbox.data_mount.DataMount`'s JSON, the tasks directory masked too and the public
+    directory bound read-only at its target), dies with its
     parent, and forks the program's process (PID 2, uid :data:`INSIDE_UID`, a session of its own).
     Only that one returns; the caller then clears its capabilities and loads the seccomp filter.
     PID 1 stays the namespace's reaper (a process that is PID 1 would ignore its own signals).
@@ -186,6 +195,12 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     # Opened in this mount namespace (a bind's source must be in it), before anything is hidden.
     keep = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), True) for path in dict.fromkeys(visible)]
     keep.append((workdir, os.open(workdir, os.O_PATH | os.O_DIRECTORY), False))
+    masks = [*hidden, work_root]
+    if data is not None:
+        source, target, hide = data
+        masks.append(hide)
+        if source is not None:
+            keep.append((target, os.open(source, os.O_PATH | os.O_DIRECTORY), True))  # after its parent, workdir
     devices = [(name, os.open(f"/dev/{name}", os.O_PATH)) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
     check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)),
@@ -195,7 +210,7 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     for directory in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(directory):
             mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777")
-    for directory in (*hidden, work_root):
+    for directory in masks:
         if os.path.isdir(directory):
             mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for path, fd, read_only in keep:

@@ -19,9 +19,10 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Optional
 
 from wmrl_sandbox import cgroups, seccomp
+from wmrl_sandbox.data_mount import DataMount
 from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.linux import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE,
-                                MS_REC, PR_SET_DUMPABLE, clear_capabilities, drop_to_uid, libc, mount, unshare)
+                                MS_RDONLY, MS_REC, MS_REMOUNT, PR_SET_DUMPABLE, clear_capabilities, drop_to_uid, libc, mount, unshare)
 from wmrl_sandbox.processes import MARKER_ENV, tasks_of_uid
 
 if TYPE_CHECKING:  # executor.py imports this module
@@ -31,18 +32,19 @@ if TYPE_CHECKING:  # executor.py imports this module
 WORLD_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
-def child_env(workdir: str, marker: str) -> dict[str, str]:
-    """An execution's whole environment: nothing of the server's, and its marker (:data:`MARKER_ENV`)."""
+def child_env(workdir: str, marker: str, threads: int = 1) -> dict[str, str]:
+    """An execution's whole environment: nothing of the server's, and its marker (:data:`MARKER_ENV`).
+    ``threads``: the BLAS/OpenMP thread pools' size (one per CPU the execution has)."""
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": workdir,
         "TMPDIR": workdir,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
-        # One execution owns one slot (~one core): no oversubscribing BLAS/OpenMP thread pools.
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
+        # One execution owns one slot (its --cpus): no oversubscribing BLAS/OpenMP thread pools.
+        "OMP_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
         "MPLBACKEND": "Agg",
         MARKER_ENV: marker,
     }
@@ -90,10 +92,25 @@ def _reveal(paths: tuple[str, ...], exec_dir: str) -> None:  # pragma: no cover 
             os.close(fd)
 
 
+def _mount_data(data: DataMount, source_fd: Optional[int]) -> None:  # pragma: no cover - runs in the child
+    """Hide the tasks directory under an empty tmpfs (if it is still visible: one under /tmp is masked
+    already) and bind the public directory, opened as ``source_fd``, read-only at ``data.target``."""
+    if os.path.isdir(data.hide):
+        mount("tmpfs", data.hide, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    if source_fd is None or data.target is None:
+        return
+    mount(f"/proc/self/fd/{source_fd}", data.target, None, MS_BIND | MS_REC, None)
+    mount(None, data.target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+    os.close(source_fd)
+    # A cold execution's child entered its working directory before this ran (Popen's cwd): enter it
+    # again, so that relative paths (data/train.csv) go through the mount.
+    os.chdir(os.path.dirname(data.target))
+
+
 def make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits: Limits,
                  memory_mb: int, run_timeout: float, python: str = sys.executable,
                  ns_sock: Optional[socket.socket] = None, warm: bool = False, reveal: tuple[str, ...] = (),
-                 cgroup_join: tuple[str, ...] = (), tasks_in_cgroup: bool = False):
+                 cgroup_join: tuple[str, ...] = (), tasks_in_cgroup: bool = False, data: Optional[DataMount] = None):
     """The function run in the forked child before exec (root work first, then dropping to ``uid``).
 
     ``cgroup_join``: the execution's cgroup (:mod:`wmrl_sandbox.cgroups`), joined first, so
@@ -132,6 +149,8 @@ def make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits
                 unshare(flags)
             if isolation.mount_namespace:
                 mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+                # Opened before anything is masked (the tasks directory may lie under /tmp, say).
+                data_fd = os.open(data.source, os.O_PATH | os.O_DIRECTORY) if data and data.source else None
                 kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in hidden]
                 for d in WORLD_WRITABLE_DIRS:
                     if os.path.isdir(d):
@@ -141,6 +160,8 @@ def make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits
                     mount(f"/proc/self/fd/{fd}", path, None, MS_BIND, None)
                     os.close(fd)
                 _reveal(reveal, exec_dir)
+                if data is not None:
+                    _mount_data(data, data_fd)
                 if ns_sock is not None:
                     ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
                     socket.send_fds(ns_sock, [b"m"], [ns_fd])

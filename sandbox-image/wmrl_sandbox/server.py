@@ -10,7 +10,9 @@ is full or the wait runs out.
 Request (JSON): ``code``, ``language`` (``python``), ``run_timeout`` (s), ``memory_limit_MB``
 (absent = ``--memory-mb``; -1 = ``--max-memory-mb``), ``stdin``, ``files`` {path: base64} (written
 beside the program, importable), ``fetch_files`` [path] (relative to the working directory or
-absolute in the program's own view); ``compile_timeout`` is accepted and ignored. Response:
+absolute in the program's own view), ``data_dir`` (wmrl's extension: a task's public directory,
+relative to ``--tasks-dir``, mounted read-only at ``data/`` with the rest of the tasks directory
+hidden; :mod:`wmrl_sandbox.data_mount`); ``compile_timeout`` is accepted and ignored. Response:
 ``status`` Success | Failed | SandboxError, ``message``, ``compile_result`` (null),
 ``run_result`` {status Finished | TimeLimitExceeded | Error, execution_time, return_code,
 stdout, stderr, plus stdout_truncated/stderr_truncated and, from the execution's cgroup,
@@ -47,9 +49,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from wmrl.api.vocabulary import SANDBOX_ISOLATION_REFUSAL
-from wmrl_sandbox import cgroups, executor, imports, linux, selftest, warm_slots
+from wmrl_sandbox import cgroups, data_mount, executor, imports, linux, selftest, warm_slots
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Limits, RequestError
 from wmrl_sandbox.isolation import MODES as ISOLATION_MODES, Isolation, missing, probe_isolation
+from wmrl_sandbox.preexec import interpreter_root
 from wmrl_sandbox.uids import UidPool, check_searchable
 
 log = logging.getLogger("wmrl.sandbox")
@@ -74,6 +77,7 @@ class RunCodeRequest(BaseModel):
     stdin: Optional[str] = None
     files: dict[str, Optional[str]] = {}
     fetch_files: list[str] = []
+    data_dir: Optional[str] = None  # wmrl's extension: a public directory of --tasks-dir, mounted read-only at data/
 
 
 def _error(status: int, message: str, **extra) -> web.Response:
@@ -232,7 +236,8 @@ class SandboxServer:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, isolation: Optional[Isolation] = None,
                  python: str = sys.executable, uid_base: int = 62000, max_queue: Optional[int] = None,
                  max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT, warm_start: bool = True,
-                 cgroups_mode: str = "auto", cpus: float = 1.0, bwrap: Optional[str] = None):
+                 cgroups_mode: str = "auto", cpus: float = 1.0, bwrap: Optional[str] = None,
+                 tasks_dir: Optional[str] = None):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         max_queue = DEFAULT_QUEUE_PER_SLOT * slots if max_queue is None else max_queue
@@ -253,6 +258,11 @@ class SandboxServer:
         self.layers: Optional[dict[str, bool]] = None  # the self-test's findings (self_test)
         if self.isolation.as_root:
             check_searchable(self.work_root)
+        # The tasks volume (spec.tasks.pvc), whose public directories executions get mounted (data_dir).
+        self.tasks_dir = None if tasks_dir is None else data_mount.check_tasks_dir(
+            tasks_dir, work_root=self.work_root, interpreter_root=interpreter_root(python),
+            mount_namespace=self.isolation.bwrap is not None if not self.isolation.as_root
+            else self.isolation.mount_namespace)
         self.uid_pool = UidPool(slots, base=uid_base) if self.isolation.as_root else None
         # Each slot: its own uid in root mode (None otherwise) and its own fork server.
         self._slot_uids: list[Optional[int]] = list(self.uid_pool.uids) if self.uid_pool else [None] * slots
@@ -264,7 +274,7 @@ class SandboxServer:
         self.cgroups = cgroups.Cgroups.setup(
             cgroups_mode, cpus=cpus, unusable="unisolated mode: an execution could change its own cgroup's limits"
             if self.isolation.mode == "unisolated" else None)
-        self.warm = warm_slots.WarmSlots(slots, python, self.isolation, enabled=warm_start)
+        self.warm = warm_slots.WarmSlots(slots, python, self.isolation, enabled=warm_start, threads=limits.threads)
         self.metrics = Metrics(slots, max_queue)
         self.metrics.busy.set_function(lambda: self.queue.busy)  # read at each scrape
         self.metrics.queued.set_function(lambda: self.queue.queued)
@@ -298,6 +308,7 @@ class SandboxServer:
                                   "queued": self.queue.queued, "max_queue": self.queue.max_queue,
                                   "max_queue_wait": self.queue.max_wait,
                                   "isolation": self.isolation.describe(), "layers": self.layers,
+                                  "tasks_dir": self.tasks_dir,
                                   "warm": self.warm.describe(), "cgroups": self.cgroups.describe(),
                                   "uids": self.uid_pool.uids if self.uid_pool else []})
 
@@ -373,8 +384,15 @@ class SandboxServer:
         if not isinstance(data, dict):
             raise ValueError("expected a JSON object")
         req = RunCodeRequest.model_validate(data)
+        source = None
+        if req.data_dir is not None:
+            try:
+                source = data_mount.resolve(self.tasks_dir, req.data_dir)
+            except data_mount.DataMountError as exc:
+                raise RequestError(str(exc)) from exc
         return ExecutionRequest(code=req.code, run_timeout=req.run_timeout, memory_limit_mb=req.memory_limit_MB,
-                                stdin=req.stdin, files=decode_files(req.files), fetch_files=list(req.fetch_files))
+                                stdin=req.stdin, files=decode_files(req.files), fetch_files=list(req.fetch_files),
+                                data_source=source, data_hide=self.tasks_dir)
 
     def self_check(self) -> None:
         """Run one trivial program before serving; raise RuntimeError with the reason if it fails.
@@ -460,15 +478,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-root", default=_env("WMRL_SANDBOX_WORK_DIR", str, None),
                         help="where execution directories are made (env WMRL_SANDBOX_WORK_DIR; "
                         "default $TMPDIR/wmrl-sandbox; in the image /work/exec on an emptyDir)")
-    parser.add_argument("--memory-mb", type=int, default=d.memory_mb,
-                        help="address-space limit when a request sets no memory_limit_MB")
-    parser.add_argument("--max-memory-mb", type=int, default=d.max_memory_mb,
-                        help="the cap on memory_limit_MB, and what memory_limit_MB -1 gets")
+    parser.add_argument("--memory-mb", type=int, default=_env("WMRL_SANDBOX_MEMORY_MB", int, d.memory_mb),
+                        help="address-space limit when a request sets no memory_limit_MB "
+                             f"(default {d.memory_mb}; env WMRL_SANDBOX_MEMORY_MB)")
+    parser.add_argument("--max-memory-mb", type=int, default=_env("WMRL_SANDBOX_MAX_MEMORY_MB", int, None),
+                        help="the cap on memory_limit_MB, and what memory_limit_MB -1 gets (default the larger "
+                             f"of {d.max_memory_mb} and --memory-mb; env WMRL_SANDBOX_MAX_MEMORY_MB)")
+    parser.add_argument("--tmpfs-mb", type=int, default=_env("WMRL_SANDBOX_TMPFS_MB", int, d.tmpfs_mb),
+                        help="size of each execution's private /tmp, /var/tmp and /dev/shm "
+                             f"(default {d.tmpfs_mb}; env WMRL_SANDBOX_TMPFS_MB)")
+    parser.add_argument("--tasks-dir", default=_env(data_mount.TASKS_DIR_ENV, str, None),
+                        help="the tasks volume (read-only): a request's data_dir names one of its public "
+                             "directories, mounted read-only at data/ with the rest of it hidden (env "
+                             f"{data_mount.TASKS_DIR_ENV}; default none: data is uploaded with each request)")
     parser.add_argument("--max-run-timeout", type=float,
                         default=_env("WMRL_SANDBOX_TIMEOUT_SECONDS", float, d.max_run_timeout),
                         help="cap on a request's run_timeout (env WMRL_SANDBOX_TIMEOUT_SECONDS)")
     parser.add_argument("--nproc", type=int, default=d.nproc, help="process/thread limit per execution")
-    parser.add_argument("--file-size-mb", type=int, default=d.file_size_mb)
+    parser.add_argument("--file-size-mb", type=int, default=_env("WMRL_SANDBOX_FILE_SIZE_MB", int, d.file_size_mb),
+                        help=f"largest file an execution may write (default {d.file_size_mb}; env "
+                             "WMRL_SANDBOX_FILE_SIZE_MB)")
     parser.add_argument("--max-output-bytes", type=int, default=d.max_output_bytes, help="per stream")
     parser.add_argument("--max-fetch-bytes", type=int, default=d.max_fetch_bytes,
                         help="all fetch_files of an execution together; beyond it the rest are left out, "
@@ -506,9 +535,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    limits = Limits(memory_mb=args.memory_mb, max_memory_mb=args.max_memory_mb,
+    max_memory = args.max_memory_mb if args.max_memory_mb is not None else max(Limits().max_memory_mb, args.memory_mb)
+    limits = Limits(memory_mb=args.memory_mb, max_memory_mb=max_memory,
                     max_run_timeout=args.max_run_timeout, nproc=args.nproc, file_size_mb=args.file_size_mb,
-                    max_output_bytes=args.max_output_bytes, max_fetch_bytes=args.max_fetch_bytes)
+                    max_output_bytes=args.max_output_bytes, max_fetch_bytes=args.max_fetch_bytes,
+                    tmpfs_mb=args.tmpfs_mb, threads=threads_for(args.cpus))
     if os.environ.get("TMPDIR"):  # the image points it into /work, an emptyDir that starts empty
         os.makedirs(os.environ["TMPDIR"], exist_ok=True)
     try:
@@ -534,7 +565,8 @@ def main(args: argparse.Namespace) -> int:
         server = SandboxServer(slots=args.slots, work_root=args.work_root, limits=limits, isolation=isolation,
                                max_body_bytes=args.max_body_bytes, python=args.python, uid_base=args.uid_base,
                                max_queue=args.max_queue, max_queue_wait=args.max_queue_wait,
-                               warm_start=args.warm, cgroups_mode=args.cgroups, cpus=args.cpus, bwrap=args.bwrap)
+                               warm_start=args.warm, cgroups_mode=args.cgroups, cpus=args.cpus, bwrap=args.bwrap,
+                               tasks_dir=args.tasks_dir)
         server.warm.wait_ready()  # so the self-test below checks the warm path's isolation too
         server.self_check()
         server.check_imports(required)
@@ -554,6 +586,11 @@ def main(args: argparse.Namespace) -> int:
                        f"{', '.join(failing)} "
                        "(docs/sandbox.md: deployed mode needs unprivileged user namespaces, or run the server as root)")
     return asyncio.run(_serve(server, args.host, args.port))
+
+
+def threads_for(cpus: float) -> int:
+    """BLAS/OpenMP threads of an execution with ``cpus`` CPUs of time (0: no CPU limit): one per whole CPU."""
+    return max(1, int(cpus)) if cpus > 0 else 1
 
 
 def isolation_refusal(isolation: Isolation, gaps: list[str]) -> str:

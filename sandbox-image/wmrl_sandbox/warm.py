@@ -54,6 +54,7 @@ import types
 import weakref
 
 from wmrl_sandbox import namespaces, seccomp
+from wmrl_sandbox.data_mount import DataMount
 from wmrl_sandbox.executor import Limits
 from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.linux import PR_SET_PDEATHSIG, clear_capabilities, libc
@@ -160,7 +161,8 @@ def _child(job: dict, fds: list[int], control: socket.socket, zygote: int) -> No
             ns_sock = socket.socket(fileno=ns_fd) if ns_fd is not None else None
             make_preexec(job["exec_dir"], job["uid"], isolation, limits, job["memory_mb"], job["run_timeout"],
                          job["python"], ns_sock=ns_sock, warm=True, reveal=tuple(job["reveal"]),
-                         cgroup_join=tuple(job["cgroup_join"]), tasks_in_cgroup=job["tasks_in_cgroup"])()
+                         cgroup_join=tuple(job["cgroup_join"]), tasks_in_cgroup=job["tasks_in_cgroup"],
+                         data=DataMount.from_json(job.get("data")))()
             if ns_sock is not None:
                 ns_sock.close()
             _die_with(zygote)  # the uid change above cleared it
@@ -180,7 +182,8 @@ def _enter_namespaces(job: dict, isolation: Isolation, limits: Limits,
                  cgroup_join=tuple(job["cgroup_join"]), tasks_in_cgroup=job["tasks_in_cgroup"])()
     layout = job["namespaces"]
     namespaces.enter(workdir=job["workdir"], work_root=layout["work_root"], info_fd=info_fd,
-                     visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=layout["tmpfs_bytes"])
+                     visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=layout["tmpfs_bytes"],
+                     data=job.get("data"))
     clear_capabilities()
     seccomp.set_no_new_privs()  # as bwrap sets it, with or without the filter
     if isolation.seccomp:

@@ -47,6 +47,13 @@ _ZYGOTE_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THR
 log = logging.getLogger("wmrl.sandbox")
 
 
+def zygote_env(threads: int = 1) -> dict[str, str]:
+    """The zygote's environment with ``threads`` per BLAS/OpenMP pool: the pools are sized when numpy
+    loads, before any execution's environment applies, so the zygote gets the executions' size."""
+    return {**_ZYGOTE_ENV, **{name: str(threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                              "MKL_NUM_THREADS")}}
+
+
 class WarmSpawnFailed(OSError):
     """The slot's fork server did not start the execution (it died, or is dying): whatever its child
     did died with it, so the execution runs again, cold, in a fresh directory."""
@@ -100,8 +107,8 @@ class WarmChild:
 class Zygote:
     """One slot's fork server (its own process; started once, restarted when it dies)."""
 
-    def __init__(self, python: str, modules: tuple[str, ...] = WARM_MODULES):
-        self.python, self.modules = python, modules
+    def __init__(self, python: str, modules: tuple[str, ...] = WARM_MODULES, threads: int = 1):
+        self.python, self.modules, self.threads = python, modules, threads
         self.info: Optional[dict] = None
         self.busy = False
         self._proc: Optional[subprocess.Popen] = None
@@ -119,7 +126,7 @@ class Zygote:
                 f"serve({theirs.fileno()}, {list(self.modules)!r})")
         try:
             self._proc = subprocess.Popen([self.python, "-E", "-s", "-B", "-c", boot], pass_fds=[theirs.fileno()],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=dict(_ZYGOTE_ENV),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=zygote_env(self.threads),
                                           cwd="/", start_new_session=True)
         finally:
             theirs.close()
@@ -230,7 +237,7 @@ class WarmSlots:
     """The fork servers of a server's slots, one per slot (root or namespaces mode; see the module docstring)."""
 
     def __init__(self, slots: int, python: str, isolation: Any, enabled: bool = True,
-                 modules: tuple[str, ...] = WARM_MODULES):
+                 modules: tuple[str, ...] = WARM_MODULES, threads: int = 1):
         self.reason: Optional[str] = None
         if not enabled:
             self.reason = "disabled (--no-warm)"
@@ -242,7 +249,7 @@ class WarmSlots:
                            "mount_setattr (Linux 5.12), so executions start cold (bubblewrap)")
         self.zygotes: dict[int, Zygote] = {}
         if self.reason is None:
-            self.zygotes = {slot: Zygote(python, modules) for slot in range(slots)}
+            self.zygotes = {slot: Zygote(python, modules, threads) for slot in range(slots)}
             for zygote in self.zygotes.values():
                 zygote.start()
 
@@ -291,7 +298,7 @@ class WarmSlots:
 def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env: dict[str, str],
                 uid: Optional[int], isolation: Any, limits: Any, memory_mb: int, run_timeout: float,
                 python: str, namespaces: Optional[dict] = None, cgroup_join: tuple[str, ...] = (),
-                tasks_in_cgroup: bool = False) -> dict:
+                tasks_in_cgroup: bool = False, data: Any = None) -> dict:
     """What a fork server needs to make one child into an execution (JSON).
 
     ``memory_mb`` is what the program may allocate: the child's address-space limit adds what the
@@ -307,11 +314,13 @@ def job_message(zygote: Zygote, *, script: str, workdir: str, exec_dir: str, env
     (``work_root``, ``hidden``, ``visible``, ``tmpfs_bytes``), as bwrap would for a cold execution.
     ``cgroup_join``: the execution's cgroup, which the child joins before anything else
     (``tasks_in_cgroup``: it bounds the execution's tasks; see ``preexec.make_preexec``).
+    ``data``: the task data mount (:class:`wmrl_sandbox.data_mount.DataMount`), or None.
     """
     return {"script": script, "workdir": workdir, "exec_dir": exec_dir, "env": env, "uid": uid,
             "isolation": asdict(isolation), "limits": asdict(limits), "memory_mb": memory_mb + zygote.info["preloaded_mb"],
             "run_timeout": run_timeout, "python": python, "reveal": zygote.info["libraries"], "namespaces": namespaces,
-            "cgroup_join": list(cgroup_join), "tasks_in_cgroup": tasks_in_cgroup}
+            "cgroup_join": list(cgroup_join), "tasks_in_cgroup": tasks_in_cgroup,
+            "data": data.to_json() if data is not None else None}
 
 
 __all__ = ["READY_TIMEOUT_S", "WARM_MODULES", "WarmChild", "WarmSlots", "WarmSpawnFailed", "Zygote", "job_message"]
