@@ -4,7 +4,8 @@ Unlike the small wmrl format, a collection task holds no data: it references its
 (what a solution sees), its private answers file and its grader. :class:`CollectionTask` extends
 :class:`wmrl.tasks.Task`, so the prompt, world model and sandbox dispatcher use it unchanged; its
 ``data`` reads the public files on demand and refuses, with a message saying so, to upload a public
-directory larger than :data:`UPLOAD_LIMIT_BYTES` (larger ones are to be mounted into the sandbox).
+directory larger than :data:`UPLOAD_LIMIT_BYTES`: larger ones are mounted into the sandbox from the
+tasks volume (``public_dir``; :meth:`wmrl_sandbox.dispatcher.SandboxDispatcher.data_dir`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class PublicFiles(Mapping):
             raise TaskTooLargeForUpload(
                 f"task {self.task_name}: its public data ({self.directory}) is {self.total_bytes / 2**20:.1f} MiB, over "
                 f"the {self.limit / 2**20:.0f} MiB sent with each execution; tasks this large need their data mounted "
-                "into the sandbox, which a later change adds")
+                "into the sandbox: put them on a PersistentVolumeClaim (spec.tasks.pvc, with spec.sandbox.isolation "
+                "namespaces), which the sandbox Pods mount read-only (docs/tasks.md, \"Mounted data\")")
 
     def __getitem__(self, key: str) -> bytes:
         sizes = dict(self.listing)

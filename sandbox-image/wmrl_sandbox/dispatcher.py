@@ -24,6 +24,7 @@ import base64
 import concurrent.futures as cf
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -161,7 +162,7 @@ class SandboxDispatcher:
     def __init__(self, endpoints: Endpoints, slots_per_pod: int = 1, timeout: float = 60.0, max_retries: int = 3,
                  *, max_queue: int = 4096, workers: int = 64, backoff: float = 0.2, no_endpoint_wait: float = 60.0,
                  memory_limit_mb: Optional[int] = None, server_queue_wait: float = SERVER_QUEUE_WAIT_S,
-                 http_margin: float = HTTP_MARGIN_S):
+                 http_margin: float = HTTP_MARGIN_S, tasks_dir: Optional[str] = None):
         if slots_per_pod < 1:
             raise ValueError(f"slots_per_pod must be >= 1, got {slots_per_pod}")
         if timeout <= 0:
@@ -175,6 +176,8 @@ class SandboxDispatcher:
         self.memory_limit_mb = memory_limit_mb
         self.server_queue_wait = server_queue_wait
         self.http_margin = http_margin
+        # Where this process sees the tasks volume that the servers mount at their --tasks-dir (None: they do not).
+        self.tasks_dir = os.path.realpath(tasks_dir) if tasks_dir else None
         self._queue: deque[_Job] = deque()
         self._max_queue = max_queue
         self._cond = threading.Condition()
@@ -203,11 +206,24 @@ class SandboxDispatcher:
         """Execute ``code``; the future's result is the SandboxFusion response dict (files base64)."""
         return self._submit(self._body(code, files, fetch_files, run_timeout, stdin, memory_limit_mb), run_timeout)
 
+    def data_dir(self, task) -> Optional[str]:
+        """``task``'s public directory relative to the tasks volume, when the servers mount that volume
+        (``tasks_dir``) and the task has one inside it (a collection task); else None (upload its data)."""
+        public = getattr(task, "public_dir", None)
+        if self.tasks_dir is None or public is None:
+            return None
+        real = os.path.realpath(public)
+        if not real.startswith(self.tasks_dir.rstrip("/") + "/"):
+            return None
+        return os.path.relpath(real, self.tasks_dir)
+
     def run_task(self, task, code: str, run_timeout: Optional[float] = None) -> cf.Future:
-        """Run a solution of ``task`` (its data under ``data/``), fetch its submission, grade it -> Outcome."""
+        """Run a solution of ``task`` (its data under ``data/``: mounted from the tasks volume when the
+        servers have it, see :meth:`data_dir`, else uploaded), fetch its submission, grade it -> Outcome."""
         from wmrl.grading import grade  # lazy: it imports numpy, which running code alone never needs
 
-        files = {f"data/{name}": content for name, content in task.data.items()}
+        data_dir = self.data_dir(task)
+        files = {} if data_dir else {f"data/{name}": content for name, content in task.data.items()}
 
         def post(response: dict) -> Any:
             encoded = (response.get("files") or {}).get(task.submission)
@@ -215,6 +231,8 @@ class SandboxDispatcher:
             return grade(task, response, submission)
 
         body = self._body(code, files, [task.submission], run_timeout, None, None)
+        if data_dir:
+            body["data_dir"] = data_dir
         return self._submit(body, run_timeout, post)
 
     def close(self) -> None:

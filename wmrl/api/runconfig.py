@@ -42,6 +42,9 @@ class Runtime(_Model):
     checkpoint_dir: str = "/checkpoints"
     results_dir: Optional[str] = None
     tasks_dir: Optional[str] = Field(None, description="Where task folders are mounted (pvc/configMap sources).")
+    sandbox_mounts_tasks: bool = Field(
+        False, description="The sandbox Pods mount the tasks volume too (spec.tasks.pvc with isolation namespaces), "
+        "at the same path: collection tasks' public directories are mounted into executions, not uploaded.")
     patch_status: bool = Field(True, description="Patch WMRLRun.status.progress through the Kubernetes API.")
     metrics_port: Optional[int] = TRAINER_METRICS_PORT
 
