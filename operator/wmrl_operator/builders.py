@@ -31,7 +31,7 @@ from wmrl.api.runconfig import (
 )
 from wmrl.calibration import TOKEN_ENV
 from wmrl.calibration.state import CalibrationConfig
-from wmrl.api.schema import API_VERSION, GROUP, KIND, PLURAL, Mode, Resources, WMRLRunSpec
+from wmrl.api.schema import API_VERSION, GROUP, KIND, PLURAL, Mode, Resources, SandboxSpec, WMRLRunSpec
 from wmrl.api.vocabulary import (
     ADMISSION_LABELS,
     APPLIED_HASH,
@@ -71,6 +71,8 @@ SANDBOX_FILE_MI = 256  # Limits.file_size_mb: the largest file an execution may 
 SANDBOX_WORK_MI_PER_SLOT = 2 * SANDBOX_FILE_MI  # /work/exec/<execution>: program, files, two max-size outputs
 SANDBOX_WORK_MI_BASE = 256  # /work also holds the server's TMPDIR (/work/tmp) and HOME
 SANDBOX_TMP_MI_PER_SLOT = SANDBOX_FILE_MI  # /tmp: programs that write there directly (one max-size file)
+SANDBOX_TMPFS_MI = 64  # Limits.tmpfs_mb: each of an execution's private /tmp, /var/tmp and /dev/shm
+SANDBOX_PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
 SANDBOX_SERVER_MEMORY_MI = 512  # the server: Python + wmrl, 1 MiB output buffers per stream, fetched files
 SANDBOX_FORK_SERVER_MEMORY_MI = 256  # each slot's warm fork server: ~200 MiB resident with numpy, scipy, pandas
                                      # and scikit-learn imported (measured), shared with its children until written
@@ -283,6 +285,7 @@ def runtime(run: Run, spec: WMRLRunSpec) -> Runtime:
         rollout_url=f"http://{rollout_name(run)}.{run.namespace}.svc:{ROLLOUT_PORT}" if serves_rollouts(spec) else None,
         checkpoint_dir=spec.trainer.checkpoint.path,
         tasks_dir=TASKS_MOUNT if (tasks.pvc or tasks.config_map) else None,
+        sandbox_mounts_tasks=sandbox_mounts_tasks(spec),
         patch_status=True,
         metrics_port=TRAINER_METRICS_PORT,
     )
@@ -331,20 +334,53 @@ def _shm_volume(gpus: int) -> tuple[dict[str, Any], dict[str, Any]]:
             {"name": "shm", "mountPath": SHM_MOUNT})
 
 
-def sandbox_default_resources(slots: int) -> dict[str, str]:
-    """cpu and memory of a sandbox Pod with ``slots`` concurrent executions (request = limit):
-    a core per slot plus the server's share; per slot an execution's memory cap, its fork server and
-    its share of the memory-backed emptyDirs (their pages count against the container's memory),
-    plus the server."""
-    work, tmp = sandbox_volume_mebibytes(slots)
-    per_slot = SANDBOX_EXEC_MEMORY_MI + SANDBOX_FORK_SERVER_MEMORY_MI
-    return {"cpu": _cpu(SANDBOX_CPU_MILLI_PER_SLOT * slots + SANDBOX_SERVER_CPU_MILLI),
+def sandbox_default_resources(slots: int, sandbox: Optional[SandboxSpec] = None) -> dict[str, str]:
+    """cpu and memory of a sandbox Pod with ``slots`` concurrent executions (request = limit) and the
+    per-execution settings of ``sandbox`` (spec.sandbox; None: the defaults): per slot its CPUs
+    (``cpusPerExecution``, at least one core's worth) plus the server's share; per slot an execution's
+    memory (``memoryMB``), its fork server, its private tmpfs mounts beyond the default 3 x 64 MiB (a
+    program rarely fills those; larger ones are counted whole) and its share of the memory-backed
+    emptyDirs (their pages count against the container's memory), plus the server."""
+    s = sandbox or SandboxSpec()
+    work, tmp = sandbox_volume_mebibytes(slots, s.file_size_mb)
+    tmpfs_extra = len(SANDBOX_PRIVATE_TMPFS) * max(0, s.tmpfs_mb - SANDBOX_TMPFS_MI)
+    per_slot = s.memory_mb + SANDBOX_FORK_SERVER_MEMORY_MI + tmpfs_extra
+    cpu_per_slot = max(SANDBOX_CPU_MILLI_PER_SLOT, int(round(s.cpus_per_execution * 1000)))
+    return {"cpu": _cpu(cpu_per_slot * slots + SANDBOX_SERVER_CPU_MILLI),
             "memory": _mi(per_slot * slots + work + tmp + SANDBOX_SERVER_MEMORY_MI)}
 
 
-def sandbox_volume_mebibytes(slots: int) -> tuple[int, int]:
-    """sizeLimit (MiB) of the sandbox Pod's memory-backed ``/work`` and ``/tmp``."""
-    return SANDBOX_WORK_MI_BASE + SANDBOX_WORK_MI_PER_SLOT * slots, SANDBOX_TMP_MI_PER_SLOT * slots
+def sandbox_volume_mebibytes(slots: int, file_mi: int = SANDBOX_FILE_MI) -> tuple[int, int]:
+    """sizeLimit (MiB) of the sandbox Pod's memory-backed ``/work`` and ``/tmp`` with ``slots`` slots whose
+    executions may each write files of ``file_mi`` (spec.sandbox.fileSizeMB): per slot the program, its
+    files and two max-size outputs in /work, one max-size file in /tmp."""
+    return SANDBOX_WORK_MI_BASE + 2 * file_mi * slots, file_mi * slots
+
+
+def sandbox_env(spec: WMRLRunSpec) -> list[dict[str, str]]:
+    """The sandbox server's settings (its WMRL_SANDBOX_* flags' defaults) for spec.sandbox."""
+    s = spec.sandbox
+    namespaces = s.isolation == "namespaces"
+    env = [("WMRL_SANDBOX_SLOTS", str(s.slots_per_pod)),
+           ("WMRL_SANDBOX_TIMEOUT_SECONDS", str(s.timeout_seconds)),
+           ("WMRL_SANDBOX_WORK_DIR", f"{WORK_DIR}/exec"),
+           ("WMRL_SANDBOX_ISOLATION", s.isolation),
+           ("WMRL_SANDBOX_REQUIRE_ISOLATION", str(namespaces).lower()),
+           ("WMRL_SANDBOX_CGROUPS", s.cgroups),
+           ("WMRL_SANDBOX_MEMORY_MB", str(s.memory_mb)),
+           ("WMRL_SANDBOX_TMPFS_MB", str(s.tmpfs_mb)),
+           ("WMRL_SANDBOX_FILE_SIZE_MB", str(s.file_size_mb)),
+           ("WMRL_SANDBOX_CPUS", f"{s.cpus_per_execution:g}")]
+    if sandbox_mounts_tasks(spec):
+        env.append(("WMRL_SANDBOX_TASKS_DIR", TASKS_MOUNT))
+    return [{"name": name, "value": value} for name, value in env]
+
+
+def sandbox_mounts_tasks(spec: WMRLRunSpec) -> bool:
+    """Whether the sandbox Pods mount the tasks volume: a PVC source, and executions in mount namespaces of
+    their own, which hide everything of it but the public directory an execution asks for (its private
+    answers above all). ``restricted`` executions could read the answers: they get uploads only."""
+    return bool(spec.tasks.pvc) and spec.sandbox.isolation == "namespaces"
 
 
 # ---------------------------------------------------------------- trainer
@@ -520,12 +556,7 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         "image": s.image,
         "imagePullPolicy": s.image_pull_policy,
         "args": ["wmrl", "sandbox", "serve", "--port", str(SANDBOX_PORT)],
-        "env": [{"name": "WMRL_SANDBOX_SLOTS", "value": str(s.slots_per_pod)},
-                {"name": "WMRL_SANDBOX_TIMEOUT_SECONDS", "value": str(s.timeout_seconds)},
-                {"name": "WMRL_SANDBOX_WORK_DIR", "value": f"{WORK_DIR}/exec"},
-                {"name": "WMRL_SANDBOX_ISOLATION", "value": s.isolation},
-                {"name": "WMRL_SANDBOX_REQUIRE_ISOLATION", "value": str(namespaces).lower()},
-                {"name": "WMRL_SANDBOX_CGROUPS", "value": s.cgroups}],
+        "env": sandbox_env(spec),
         "ports": [{"name": "http", "containerPort": SANDBOX_PORT}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": SANDBOX_PORT}, "periodSeconds": 5},
         # A server that refuses to start writes why to the termination message (else its last log lines
@@ -534,8 +565,9 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         "securityContext": container_sec,
         "volumeMounts": [{"name": "work", "mountPath": WORK_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
     }
-    container["resources"] = _resources(s.resources, defaults=sandbox_default_resources(s.slots_per_pod))
-    work_mi, tmp_mi = sandbox_volume_mebibytes(s.slots_per_pod)
+    container["resources"] = _resources(s.resources, gpus=s.gpus,
+                                        defaults=sandbox_default_resources(s.slots_per_pod, s))
+    work_mi, tmp_mi = sandbox_volume_mebibytes(s.slots_per_pod, s.file_size_mb)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -544,6 +576,12 @@ def sandbox_deployment(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -
         "volumes": [{"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": _mi(work_mi)}},
                     {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": _mi(tmp_mi)}}],
     }
+    if sandbox_mounts_tasks(spec):
+        # The whole claim, read-only: each execution sees only its task's public directory (the server
+        # hides the rest, private answers included, in the execution's mount namespace; docs/sandbox.md).
+        pod_spec["volumes"].append({"name": "tasks", "persistentVolumeClaim": {"claimName": spec.tasks.pvc,
+                                                                               "readOnly": True}})
+        container["volumeMounts"].append({"name": "tasks", "mountPath": TASKS_MOUNT, "readOnly": True})
     if namespaces:
         pod_spec["hostUsers"] = False
     if s.runtime_class_name:

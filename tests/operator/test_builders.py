@@ -626,3 +626,81 @@ def test_a_run_awaiting_admission_holds_no_pool_and_no_model_server():
     admitted = b.Options(admission=queued.admission, sandbox_replicas=0)
     assert b.sandbox_deployment(RUN, sp, admitted)["spec"]["replicas"] == 2  # back to minReplicas
 
+
+
+def _env_of(dep):
+    return {e["name"]: e["value"] for e in pod_of(dep)["containers"][0]["env"]}
+
+
+def test_sandbox_pods_mount_the_tasks_claim_read_only_and_the_server_hides_it():
+    """A PVC source reaches the sandbox Pods whole and read-only at /tasks; the server is told where
+    (WMRL_SANDBOX_TASKS_DIR), so it hides it in every execution but for the public directory one asks
+    for; the trainer is told the sandboxes have it (runtime.sandboxMountsTasks)."""
+    sp = spec(tasks={"pvc": "mle-bench", "format": "mlebench"})
+    dep = b.sandbox_deployment(RUN, sp)
+    assert volumes_of(dep)["tasks"] == {"name": "tasks", "persistentVolumeClaim": {"claimName": "mle-bench",
+                                                                                   "readOnly": True}}
+    mount = next(m for m in pod_of(dep)["containers"][0]["volumeMounts"] if m["name"] == "tasks")
+    assert mount == {"name": "tasks", "mountPath": "/tasks", "readOnly": True}
+    assert _env_of(dep)["WMRL_SANDBOX_TASKS_DIR"] == "/tasks"
+    runtime = b.runtime(RUN, sp)
+    assert runtime.sandbox_mounts_tasks is True and runtime.tasks_dir == "/tasks"
+    assert "sandboxMountsTasks: true" in b.config_map(RUN, sp)["data"]["run.yaml"]
+    # No subPath: one mount serves every task; the isolation, not the volume, narrows it.
+    assert "subPath" not in mount
+
+
+@pytest.mark.parametrize("tasks,sandbox", [
+    ({"builtin": "mini-ml"}, {}),
+    ({"path": "/data/tasks"}, {}),
+    ({"configMap": "one-task"}, {}),
+    ({"pvc": "mle-bench"}, {"isolation": "restricted"}),  # executions could read the answers: uploads only
+])
+def test_sandbox_pods_without_a_hideable_tasks_claim_mount_none(tasks, sandbox):
+    sp = spec(tasks=tasks, sandbox=sandbox)
+    dep = b.sandbox_deployment(RUN, sp)
+    assert "tasks" not in volumes_of(dep) and "/tasks" not in mounts_of(dep)
+    assert "WMRL_SANDBOX_TASKS_DIR" not in _env_of(dep)
+    assert b.runtime(RUN, sp).sandbox_mounts_tasks is False
+
+
+def test_sandbox_execution_limits_are_per_run_settings():
+    default = _env_of(b.sandbox_deployment(RUN, spec()))
+    assert {k: default[k] for k in ("WMRL_SANDBOX_MEMORY_MB", "WMRL_SANDBOX_TMPFS_MB", "WMRL_SANDBOX_FILE_SIZE_MB",
+                                    "WMRL_SANDBOX_CPUS", "WMRL_SANDBOX_TIMEOUT_SECONDS")} == {
+        "WMRL_SANDBOX_MEMORY_MB": "2048", "WMRL_SANDBOX_TMPFS_MB": "64", "WMRL_SANDBOX_FILE_SIZE_MB": "256",
+        "WMRL_SANDBOX_CPUS": "1", "WMRL_SANDBOX_TIMEOUT_SECONDS": "600"}
+    big = {"memoryMB": 16384, "tmpfsMB": 1024, "fileSizeMB": 2048, "cpusPerExecution": 4, "timeoutSeconds": 3600,
+           "slotsPerPod": 2}
+    dep = b.sandbox_deployment(RUN, spec(sandbox=big))
+    env = _env_of(dep)
+    assert (env["WMRL_SANDBOX_MEMORY_MB"], env["WMRL_SANDBOX_TMPFS_MB"], env["WMRL_SANDBOX_FILE_SIZE_MB"],
+            env["WMRL_SANDBOX_CPUS"], env["WMRL_SANDBOX_TIMEOUT_SECONDS"]) == ("16384", "1024", "2048", "4", "3600")
+    # The Pod is sized from them: 2 x (16384 + 256 fork server + 3 x (1024 - 64) tmpfs) + /work (256 + 2 x 2 x 2048)
+    # + /tmp (2 x 2048) + 512 server = 39040 + 8448 + 4096 + 512 = 52096 MiB; 2 x 4 cores + 250m.
+    c = pod_of(dep)["containers"][0]
+    assert c["resources"]["limits"] == {"cpu": "8250m", "memory": "52096Mi"}
+    assert volumes_of(dep)["work"]["emptyDir"]["sizeLimit"] == "8448Mi"
+    assert volumes_of(dep)["tmp"]["emptyDir"]["sizeLimit"] == "4Gi"
+    # The defaults are what they were (the executor's own Limits).
+    from wmrl_sandbox.executor import Limits
+
+    d = Limits()
+    s = spec().sandbox
+    assert (s.memory_mb, s.tmpfs_mb, s.file_size_mb) == (d.memory_mb, d.tmpfs_mb, d.file_size_mb)
+    assert b.SANDBOX_TMPFS_MI == d.tmpfs_mb
+
+
+def test_sandbox_gpus_are_rendered_as_nvidia_gpu_limits():
+    c = pod_of(b.sandbox_deployment(RUN, spec(sandbox={"gpus": 1})))["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and c["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert c["resources"]["limits"]["cpu"] == "1250m"  # cpu and memory keep their defaults
+    c = pod_of(b.sandbox_deployment(RUN, spec()))["containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+
+
+@pytest.mark.parametrize("field,value", [("memoryMB", 64), ("tmpfsMB", 0), ("fileSizeMB", 0),
+                                         ("cpusPerExecution", -1), ("gpus", -1)])
+def test_bad_sandbox_limits_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValidationError, match=field):
+        spec(sandbox={field: value})

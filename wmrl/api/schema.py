@@ -310,6 +310,26 @@ class SandboxSpec(_Model):
     slots_per_pod: int = Field(1, ge=1, le=64)
     resources: Resources = Field(default_factory=Resources)
     timeout_seconds: int = Field(600, ge=1, le=86400, description="Wall-clock cap per execution (paper: 600 s).")
+    memory_mb: int = Field(
+        2048, ge=128, le=4194304, alias="memoryMB",
+        description="Memory of one execution in MiB: its address-space limit (RLIMIT_AS) and, with a cgroup per "
+        "execution, the memory of all its processes together. The default suits the bundled mini tasks; real "
+        "competitions (MLE-bench, MLE-Dojo) want 16384 or more. The Pod's default memory grows with it.")
+    tmpfs_mb: int = Field(
+        64, ge=1, le=1048576, alias="tmpfsMB",
+        description="Size in MiB of each execution's private /tmp, /var/tmp and /dev/shm (memory-backed; "
+        "PyTorch's DataLoader workers share tensors through /dev/shm). The Pod's default memory grows with it.")
+    file_size_mb: int = Field(
+        256, ge=1, le=1048576, alias="fileSizeMB",
+        description="Largest file an execution may write, in MiB (RLIMIT_FSIZE); the Pod's memory-backed /work "
+        "and /tmp are sized from it.")
+    cpus_per_execution: float = Field(
+        1.0, ge=0, le=256, description="CPUs of time per execution through its cgroup (0: no CPU limit), and "
+        "the BLAS/OpenMP threads it gets (one per whole CPU). The Pod's default cpu is this per slot plus the "
+        "server's share.")
+    gpus: int = Field(
+        0, ge=0, le=16, description="nvidia.com/gpu per sandbox Pod (request = limit), on clusters with the NVIDIA "
+        "device plugin; pair it with nodeSelector/tolerations for the GPU nodes.")
     runtime_class_name: Optional[str] = Field(None, description="e.g. gvisor or kata for a stronger sandbox.")
     isolation: Literal["namespaces", "restricted"] = Field(
         "namespaces", description="namespaces: every execution in its own user, PID, network, mount and IPC "
