@@ -88,15 +88,26 @@ def _pyproject_pins() -> dict[str, str]:
 
 
 def test_the_sandbox_stack_is_the_dev_environments():
-    """The sandbox image installs numpy, scipy, scikit-learn (and optionally torch) "pinned like the dev
-    environment": the versions agent code runs on there must be pyproject.toml's, or results of local
-    runs and of the cluster differ (and `pip install .` would replace numpy)."""
+    """The sandbox image installs its stack from sandbox-image/wmrl_sandbox/requirements.txt, the one
+    source of truth (the prompts list it): exact pins only, numpy, pandas, scipy and scikit-learn
+    "pinned like the dev environment" (pyproject.toml's: results of local runs and of the cluster must
+    not differ, and `pip install .` would replace numpy), the image's import check requiring every one
+    of them, and torch (optional) at pyproject's version."""
+    from wmrl_sandbox import libraries
+
     instructions = _instructions("sandbox-image/Dockerfile")
     pins = _pyproject_pins()
-    stack = [a for i, a in instructions if i == "RUN" and "pip install numpy==" in a]
-    assert len(stack) == 1, "sandbox-image/Dockerfile: no single `pip install numpy==...` step"
-    named = dict(w.split("==", 1) for w in shlex.split(stack[0].split("&&")[0]) if "==" in w)
-    for name in ("numpy", "scipy", "scikit-learn"):
-        assert named.get(name) == pins[name], f"sandbox-image/Dockerfile pins {name}=={named.get(name)}, pyproject.toml {pins[name]}"
+    copied = [a for i, a in instructions if i == "COPY" and "requirements.txt" in a]
+    assert copied == ["sandbox-image/wmrl_sandbox/requirements.txt /tmp/sandbox-requirements.txt"], copied
+    stack = [a for i, a in instructions if i == "RUN" and "pip install -r /tmp/sandbox-requirements.txt" in a]
+    assert len(stack) == 1, "sandbox-image/Dockerfile: no single `pip install -r` of the sandbox requirements"
+    assert not [a for i, a in instructions if i == "RUN" and "pip install" in a and "==" in a.split("&&")[0]], \
+        "sandbox-image/Dockerfile: a package pinned outside requirements.txt"
+    named = dict(libraries.pinned())  # raises on anything but name==version
+    for name in ("numpy", "pandas", "scipy", "scikit-learn"):
+        assert named.get(name) == pins[name], f"requirements.txt pins {name}=={named.get(name)}, pyproject.toml {pins[name]}"
+    assert {"xgboost-cpu", "lightgbm"} <= set(named)
+    env = " ".join(a for i, a in instructions if i == "ENV")
+    assert f"WMRL_SANDBOX_REQUIRE_IMPORTS={','.join(libraries.import_names())}" in env
     torch_arg = [a for i, a in instructions if i == "ARG" and a.startswith("TORCH_VERSION=")]
     assert torch_arg == [f"TORCH_VERSION={pins['torch']}"], f"sandbox-image/Dockerfile: {torch_arg}, pyproject.toml torch=={pins['torch']}"

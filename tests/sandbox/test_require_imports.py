@@ -133,4 +133,4 @@ def test_the_diagnosis_tells_hidden_from_missing_from_broken():
 def test_the_image_requires_its_scientific_stack():
     here = os.path.dirname(os.path.abspath(__file__))
     dockerfile = open(os.path.join(here, "..", "..", "sandbox-image", "Dockerfile")).read()
-    assert "WMRL_SANDBOX_REQUIRE_IMPORTS=numpy,pandas,scipy,sklearn" in dockerfile
+    assert "WMRL_SANDBOX_REQUIRE_IMPORTS=numpy,pandas,scipy,sklearn,xgboost,lightgbm" in dockerfile
