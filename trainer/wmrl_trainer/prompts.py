@@ -12,11 +12,45 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from wmrl import competition_text, data_overview
+from wmrl.collection_tasks import CollectionTask
 from wmrl.outcome import QualityBucket, Status
 from wmrl.tasks import Task
+from wmrl_sandbox import libraries
 from wmrl_trainer.observation import REVISE_REQUEST
 
-SANDBOX_LIMITS = "Python 3 with numpy and scikit-learn only (no pandas, no internet), one CPU core, a few minutes"
+SANDBOX_LIMITS = f"Python 3 with {libraries.prompt_line()} (no internet), one CPU core, a few minutes"
+"""What a script may use: the libraries the sandbox image really installs (its pinned requirements)."""
+
+_OVERVIEWS: dict[str, str] = {}
+
+
+def data_overview_text(task: CollectionTask) -> str:
+    """The overview of a collection task's public data (:mod:`wmrl.data_overview`), built once per directory."""
+    key = str(task.public_dir)
+    if key not in _OVERVIEWS:
+        _OVERVIEWS[key] = data_overview.overview(task.public_dir, task.sample_submission_path)
+    return _OVERVIEWS[key]
+
+
+def _description(task: Task) -> str:
+    """A collection task's description without what no script needs, its Evaluation section whole."""
+    return competition_text.condense(task.description) if isinstance(task, CollectionTask) else task.description
+
+
+def _metric(task: Task) -> str:
+    if isinstance(task, CollectionTask):
+        name = task.metric if task.grader.kind == "builtin" else "the competition's metric (see its evaluation)"
+        return f"{name}, {'higher' if task.higher_is_better else 'lower'} is better"
+    return task.metric
+
+
+def _collection_contract(task: CollectionTask) -> str:
+    columns = ",".join((task.id_column, *task.submission_columns))
+    return (f"The competition's public files are in data/ (relative to the working directory, read-only):\n"
+            f"{data_overview_text(task)}\n"
+            f"Write `{task.submission}` in the working directory in the sample submission's format: header "
+            f"`{columns}` and one row per test id.")
 
 
 def _columns(task: Task) -> tuple[str, str]:
@@ -28,6 +62,8 @@ def _columns(task: Task) -> tuple[str, str]:
 
 
 def _contract(task: Task) -> str:
+    if isinstance(task, CollectionTask):
+        return _collection_contract(task)
     train, test = _columns(task)
     files = "\n".join(f"- data/{name}" + (f" (columns: {h})" if h else "")
                       for name, h in (("train.csv", train), ("test.csv", test)) if name in task.data)
@@ -39,12 +75,27 @@ def _contract(task: Task) -> str:
 
 
 def task_prompt(task: Task) -> str:
-    """The policy's prompt: the task, its data contract, and a request for one complete script."""
+    """The policy's prompt: the task, its data contract, and a request for one complete script.
+
+    A collection task's (MLE-bench, MLE-Dojo, DSBench) holds its description (Evaluation kept), an
+    overview of its public data (files, columns and types, rows, the sample submission; capped at
+    :data:`wmrl.data_overview.MAX_TOKENS`) and its paths; every prompt names the libraries the
+    sandbox image installs."""
+    if isinstance(task, CollectionTask):
+        return (
+            f"You are competing in the machine-learning competition '{task.name}'.\n"
+            f"{_description(task)}\n\n"
+            f"{_contract(task)}\n"
+            f"Your script runs in a sandbox: {SANDBOX_LIMITS}.\n"
+            f"The score is {_metric(task)}, on the hidden test answers; a better score ranks higher on the "
+            "leaderboard.\n\n"
+            "Reply with one complete Python script in a single ```python code block."
+        )
     return (
         f"You are competing in the machine-learning task '{task.name}' ({task.kind}).\n"
         f"{task.description}\n\n"
         f"{_contract(task)}\n"
-        f"Your script runs in a sandbox: {SANDBOX_LIMITS}. Read the CSV files with numpy.\n"
+        f"Your script runs in a sandbox: {SANDBOX_LIMITS}. Read the CSV files with pandas or numpy.\n"
         f"The score is {task.metric} on the hidden test labels; a better score ranks higher on the leaderboard.\n\n"
         "Reply with one complete Python script in a single ```python code block."
     )
@@ -153,13 +204,13 @@ def world_model_messages(task: Task, code: str, predictions: int = 2, history: H
     script, which comes last and is the one to predict; empty for a first turn.
     """
     board = sorted(task.leaderboard)
-    board_line = (f"Reference solutions score {task.metric} from {board[0]:.4g} to {board[-1]:.4g} "
+    board_line = (f"Reference solutions score {_metric(task).split(',')[0]} from {board[0]:.4g} to {board[-1]:.4g} "
                   f"({'higher' if task.higher_is_better else 'lower'} is better).\n") if board else ""
     history = tuple(history)
     current = (f"Current script, attempt {len(history) + 1}: predict its outcome (line numbers added for reference)"
                if history else "Solution script (line numbers added for reference)")
     user = (
-        f"Task '{task.name}' ({task.kind}): {task.description}\n"
+        f"Task '{task.name}' ({task.kind}): {_description(task)}\n"
         f"{_contract(task)}\n"
         f"Sandbox: {SANDBOX_LIMITS}.\n{board_line}\n"
         f"{_history_block(history)}"
