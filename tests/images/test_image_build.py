@@ -5,6 +5,7 @@ tarballs cached under $WMRL_CACHE/images. Needs root (buildah's chroot isolation
 """
 
 import json
+import re
 import tarfile
 import time
 import zipfile
@@ -35,6 +36,16 @@ def _run(buildah, built, name, argv, user=None, files=None, timeout=600):
     proc = buildah.run_in(ref, argv, user=user, files=files, timeout=timeout)
     assert proc.returncode == 0, f"{name}: {argv} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
+
+
+SANDBOX_PINS = images.REPO / "sandbox-image" / "wmrl_sandbox" / "requirements.txt"
+
+
+def _pin(package: str, source: Path) -> str:
+    """The version ``source`` (a requirements file or pyproject.toml) pins ``package`` to."""
+    found = re.search(rf"(?m)^\s*\"?{re.escape(package)}==([^\"\s;,]+)", source.read_text())
+    assert found, f"{source} pins no {package}"
+    return found.group(1)
 
 
 def _archive(path: Path):
@@ -116,7 +127,7 @@ def test_the_sandbox_image_has_bubblewrap_and_the_stack_inside_executions(built,
     result = json.loads(_run(buildah, built, "sandbox", ["python", "/work/tmp/probe.py"],
                              files={"/work/tmp/probe.py": probe}).splitlines()[-1])
     assert result["status"] == "Success", result
-    assert result["run_result"]["stdout"].split() == ["1.9.1", "2.4.6"], result
+    assert result["run_result"]["stdout"].split() == [_pin("scikit-learn", SANDBOX_PINS), _pin("numpy", SANDBOX_PINS)], result
 
 
 def test_the_cpu_trainer_image_trains_the_builtin_policy_with_wmrl_launch(built, buildah):
@@ -124,7 +135,7 @@ def test_the_cpu_trainer_image_trains_the_builtin_policy_with_wmrl_launch(built,
         "python", "-c", "import importlib.util as u, torch; "
         "print(torch.__version__, torch.cuda.is_available(), [m for m in ('triton', 'vllm') if u.find_spec(m)])"])
     version, cuda, present = out.split(maxsplit=2)
-    assert version.startswith("2.15.0") and cuda == "False" and present.strip() == "[]"
+    assert version.startswith(_pin("torch", images.REPO / "pyproject.toml")) and cuda == "False" and present.strip() == "[]"
     result = json.loads(_run(buildah, built, "trainer-cpu", ["python", "/tmp/trainer_smoke.py", "/tmp/quickstart.yaml", "2"],
                              files={"/tmp/trainer_smoke.py": Path(__file__).with_name("trainer_smoke.py"),
                                     "/tmp/quickstart.yaml": images.REPO / "examples" / "quickstart.yaml"},
