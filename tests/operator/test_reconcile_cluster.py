@@ -268,9 +268,12 @@ def test_a_run_made_again_under_its_name_gets_a_token_of_its_own(kube, operator)
     kube.run("delete", "wmrlrun", "rho", "-n", kube.ns, "--wait=true", "--timeout=30s")
     kube.apply(run_manifest("rho"))
     uid = wait_for(lambda: (kube.get("wmrlrun", "rho") or {}).get("metadata", {}).get("uid"), what="new uid")
-    second = wait_for(lambda: (kube.get("job", "rho-trainer") or {}).get("metadata", {}).get("ownerReferences")
-                      and kube.get("job", "rho-trainer")["metadata"]["ownerReferences"][0]["uid"] == uid
-                      and kube.get("job", "rho-trainer"), timeout=60, what="the new run's job")
+    def new_runs_job():  # one GET: the old run's Job may be garbage-collected between two
+        job = kube.get("job", "rho-trainer")
+        owners = (job or {}).get("metadata", {}).get("ownerReferences") or []
+        return job if owners and owners[0]["uid"] == uid else None
+
+    second = wait_for(new_runs_job, timeout=60, what="the new run's job")
     token = _token_ref(second["spec"]["template"]["spec"]["containers"][0])["name"]
     assert token == f"rho-calibration-token-{uid[:8]}" != first_token
     secret = wait_for(lambda: kube.get("secret", token), what="the new token")
