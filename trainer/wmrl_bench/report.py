@@ -187,8 +187,9 @@ def markdown_v3(results: dict[str, Any]) -> str:
         lines.append(_config_table(pool))
         versus = pool.get("wmrl_vs_best_real")
         if versus:
-            spread = (f"bootstrap interval {versus['speedup_interval']}" if "speedup_interval" in versus
-                      else f"per-seed range {versus.get('speedup_range')}")
+            bounds = versus.get("speedup_interval") or versus.get("speedup_range")
+            kind = "bootstrap interval" if "speedup_interval" in versus else "per-seed range"
+            spread = f"{kind} [{bounds[0]:.2f}x, {bounds[1]:.2f}x]" if bounds else f"{kind} n/a"
             lines.append(f"wmrl - best real, reward at the budget: {_interval(versus['reward_difference_at_budget'])}; "
                          f"speedup {spread}, {versus['not_reached_within_budget']} of {len(versus['seeds'])} seeds "
                          f"not reached within the budget.\n")
