@@ -59,10 +59,12 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
-def _usage() -> str:
-    width = max(len(" ".join(c.words)) for c in COMMANDS)
-    lines = ["usage: wmrl <command> [options]", "", "commands:"]
-    lines += [f"  {' '.join(c.words):<{width}}  {c.summary}" for c in COMMANDS]
+def _usage(group: str | None = None) -> str:
+    """The commands (those of ``group``, e.g. "bench", when given) with their summaries."""
+    shown = [c for c in COMMANDS if group is None or (len(c.words) > 1 and c.words[0] == group)]
+    width = max(len(" ".join(c.words)) for c in shown)
+    lines = [f"usage: wmrl {group + ' ' if group else ''}<command> [options]", "", "commands:"]
+    lines += [f"  {' '.join(c.words):<{width}}  {c.summary}" for c in shown]
     lines += ["", "Run 'wmrl <command> --help' for a command's options.",
               "Exit codes: 0 ok, 1 failed, 2 bad usage or invalid input, 130 interrupted,",
               "141 output closed early (| head)."]
@@ -123,6 +125,10 @@ def _dispatch(argv: list[str] | None) -> int:
         print(__version__)
         return EXIT_OK
     command = _find(argv)
+    groups = {c.words[0] for c in COMMANDS if len(c.words) > 1}
+    if command is None and argv[0] in groups and (len(argv) == 1 or argv[1] in ("-h", "--help")):
+        print(_usage(argv[0]), file=sys.stdout if len(argv) > 1 else sys.stderr)
+        return EXIT_OK if len(argv) > 1 else EXIT_USAGE  # `wmrl bench --help`, or `wmrl bench` alone
     if command is None:
         print(f"wmrl: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
         return EXIT_USAGE

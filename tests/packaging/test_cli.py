@@ -46,3 +46,13 @@ def test_a_reader_that_stays_gets_everything():
     proc = subprocess.run([str(WMRL), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stderr == ""
     assert "calibration serve" in proc.stdout and proc.stdout.endswith("141 output closed early (| head).\n")
+
+
+def test_a_command_group_lists_its_commands():
+    """`wmrl bench --help` lists the bench commands (exit 0); `wmrl tasks` alone is a usage error (exit 2)."""
+    listed = subprocess.run([sys.executable, "-m", "wmrl.cli", "bench", "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0 and "usage: wmrl bench <command>" in listed.stdout
+    assert "bench speedup" in listed.stdout and "  run " not in listed.stdout
+    bare = subprocess.run([sys.executable, "-m", "wmrl.cli", "tasks"], capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 2 and "tasks check" in bare.stderr and "tasks grade" in bare.stderr
