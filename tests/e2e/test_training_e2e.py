@@ -8,7 +8,8 @@ import pytest
 from e2e_helpers import describe, get_json, pod_logs, unique, wait_for
 from e2e_runs import training_run
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e,
+              pytest.mark.timeout(1500)]  # the trainer image's import and 3 steps on 2 shared cores: 5-12 min
 
 STEPS = 3
 

@@ -111,7 +111,9 @@ SANDBOX_PROBE = """
 import json
 import httpx
 from wmrl_sandbox.local import LocalServer
-with LocalServer(slots=1) as server:
+# buildah's chroot run gives no user namespaces: executions restricted (no namespaces of their own);
+# tests/e2e runs it isolated in a Pod
+with LocalServer(slots=1, args=("--isolation", "restricted")) as server:
     result = httpx.post(server.url + "/run_code", timeout=120, json={"language": "python", "code":
         "import numpy, pandas, scipy, sklearn; print(sklearn.__version__, numpy.__version__)"}).json()
 print(json.dumps(result))

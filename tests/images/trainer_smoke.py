@@ -22,7 +22,9 @@ spec = manifest["spec"]
 spec["algorithm"].update({"steps": steps, "groupSize": 4, "groupsPerStep": 2})
 spec["trainer"] = {**spec.get("trainer", {}), "gpusPerNode": 0}  # one CPU process, as small-cpu-run.yaml
 work = Path(tempfile.mkdtemp(prefix="wmrl-smoke-"))
-with LocalServer(slots=2) as server:
+# buildah's chroot run gives no user namespaces: executions restricted (no namespaces of their own);
+# tests/e2e trains on isolated Pods
+with LocalServer(slots=2, args=("--isolation", "restricted")) as server:
     config = {**manifest, "spec": spec,
               "runtime": {"checkpointDir": str(work / "checkpoints"), "patchStatus": False, "metricsPort": None,
                           "sandboxUrls": [server.url]}}
