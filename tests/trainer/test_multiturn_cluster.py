@@ -5,15 +5,11 @@ real apiserver through a kubeconfig."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import uuid
 
 import pytest
-import yaml
+from training_cluster_helpers import create_run, install_crd, kubectl_for, train
 
-from wmrl.api.runconfig import Runtime, from_manifest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -35,27 +31,12 @@ MANIFEST = {
 
 
 def test_a_four_turn_run_trains_and_reports_its_turns_on_the_apiserver(k8s_cluster, tmp_path):
-    from wmrl_sandbox.local import LocalServer
-
-    kubectl = [str(k8s_cluster.binary("kubectl")), "--kubeconfig", str(k8s_cluster.kubeconfig)]
-    crd = subprocess.run([sys.executable, "-m", "wmrl.cli", "crd"], capture_output=True, text=True, check=True).stdout
-    subprocess.run([*kubectl, "apply", "-f", "-"], input=crd, text=True, check=True, capture_output=True)
-    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/wmrlruns.wmrl.dev", "--timeout=60s"],
-                   check=True, capture_output=True)
-    manifest = json.loads(json.dumps(MANIFEST))
-    manifest["metadata"]["name"] = name = f"turns-{uuid.uuid4().hex[:8]}"
-    subprocess.run([*kubectl, "apply", "-f", "-"], input=yaml.safe_dump(manifest), text=True, check=True,
-                   capture_output=True)
+    kubectl = kubectl_for(k8s_cluster)
+    install_crd(kubectl)
+    manifest, name = create_run(kubectl, MANIFEST, "turns")
     try:
-        with LocalServer(slots=2) as sandbox:
-            runtime = Runtime(checkpoint_dir=str(tmp_path / "ckpt"), patch_status=True, metrics_port=None,
-                              sandbox_urls=[sandbox.url])
-            config_path, summary_path = tmp_path / "run.yaml", tmp_path / "summary.json"
-            config_path.write_text(yaml.safe_dump(from_manifest(manifest, runtime).to_wire()))
-            proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "train", "--config", str(config_path),
-                                   "--summary", str(summary_path)],
-                                  env={**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)},
-                                  capture_output=True, text=True, timeout=900)
+        summary_path = tmp_path / "summary.json"
+        proc = train(k8s_cluster, manifest, tmp_path, "--summary", str(summary_path))
         assert proc.returncode == 0, proc.stderr[-3000:]
         summary = json.loads(summary_path.read_text())
         assert summary["steps"] == 2 and summary["finished"]
