@@ -64,9 +64,15 @@ def _costs(run: dict[str, Any], pool: str) -> list[float]:
     return [p["cost_s"][pool] for p in run["curve"]]
 
 
+def on_clock(run: dict[str, Any], pool: str, costs: Any, key: str = "reward") -> np.ndarray:
+    """A run's ``key`` at each of ``costs`` on pool ``pool``'s clock: linear between evaluations, held after
+    the last."""
+    return np.interp(costs, _costs(run, pool), [p[key] for p in run["curve"]])
+
+
 def at_cost(run: dict[str, Any], pool: str, cost: float, key: str = "reward") -> float:
-    """A run's ``key`` at ``cost`` on pool ``pool``'s clock: linear between evaluations, held after the last."""
-    return float(np.interp(cost, _costs(run, pool), [p[key] for p in run["curve"]]))
+    """:func:`on_clock` at one cost."""
+    return float(on_clock(run, pool, cost, key))
 
 
 def _within(run: dict[str, Any], pool: str, budget: float) -> tuple[list[float], list[float]]:
@@ -87,8 +93,8 @@ def config_summary(runs: Sequence[dict[str, Any]], pool: str, budget: float, tar
     which its mean curve first reaches it within the budget (None: not reached, censored at the budget),
     per seed likewise, and the reach rate."""
     grid = np.linspace(0.0, budget, points + 1)
-    rewards = np.array([[at_cost(r, pool, x) for x in grid] for r in runs])
-    executions = np.array([[at_cost(r, pool, x, "executions") for x in grid] for r in runs])
+    rewards = np.array([on_clock(r, pool, grid) for r in runs])
+    executions = np.array([on_clock(r, pool, grid, "executions") for r in runs])
     finals = rewards[:, -1].tolist()
     entry: dict[str, Any] = {
         "seeds": [r["seed"] for r in runs],
@@ -137,7 +143,7 @@ def speedup_statistic(real: Sequence[dict], wmrl: Sequence[dict], pool: str, bud
     budget, +inf when wmrl starts there."""
     grid = np.linspace(0.0, budget, points + 1)
     real_finals = np.array([at_cost(r, pool, budget) for r in real])
-    wmrl_rewards = np.array([[at_cost(r, pool, x) for x in grid] for r in wmrl])
+    wmrl_rewards = np.array([on_clock(r, pool, grid) for r in wmrl])
 
     def statistic(idx: np.ndarray) -> float:
         t = crossing(grid, wmrl_rewards[idx].mean(axis=0), float(real_finals[idx].mean()))
