@@ -29,6 +29,8 @@ from typing import Optional, Sequence
 
 import yaml
 
+from wmrl import answers_file
+from wmrl.answers_file import AnswersError
 from wmrl.collection_tasks import CollectionTask, GraderSpec, PublicFiles
 from wmrl.leaderboards import Leaderboard, direction, read_leaderboard
 from wmrl.task_metrics import canonical_metric, known_metric_names, metric_info
@@ -180,11 +182,18 @@ def _check_public(public: Path, answers: Path, where: str) -> None:
 
 
 def _check_sample_ids(sample: Path, answers: Path, id_column: str, where: str) -> None:
-    answer_header = _csv_header(answers, where)
+    try:
+        answer_header = answers_file.columns(answers)
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
     if id_column not in answer_header:
         raise TaskFormatError(f"{where}: sample submission {sample} does not match the answers {answers}: its id "
                               f"column {id_column!r} is not among the answers' columns {answer_header[:8]}")
-    sample_ids, answer_ids = _csv_ids(sample, id_column, where), _csv_ids(answers, id_column, where)
+    try:
+        answer_ids = answers_file.ids(answers, id_column)
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
+    sample_ids = _csv_ids(sample, id_column, where)
     if sorted(sample_ids) != sorted(answer_ids):
         raise TaskFormatError(f"{where}: sample submission {sample} does not match the answers {answers}: "
                               f"{len(sample_ids)} rows against {len(answer_ids)}, "
@@ -194,7 +203,10 @@ def _check_sample_ids(sample: Path, answers: Path, id_column: str, where: str) -
 def _builtin_columns(metric: str, sample: Path, answers: Path, id_column: str, where: str) -> tuple[tuple, tuple]:
     """(answer value columns, submission value columns) for a built-in metric; mismatches are errors."""
     sample_cols = [c for c in _csv_header(sample, where) if c != id_column]
-    answer_cols = [c for c in _csv_header(answers, where) if c != id_column]
+    try:
+        answer_cols = [c for c in answers_file.columns(answers) if c != id_column]
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
     if not sample_cols:
         raise TaskFormatError(f"{where}: sample submission {sample} has no value column besides {id_column!r}")
     if set(sample_cols) <= set(answer_cols):
@@ -265,7 +277,15 @@ def _task(name: str, fmt: str, root: Path, public: Path, answers: Path, sample: 
     else:
         sample_cols = tuple(c for c in _csv_header(sample, where) if c != id_column)
         answer_cols = sample_cols
-    _check_sample_ids(sample, answers, id_column, where)
+    try:
+        answers_file.check_suffix(answers)
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
+    if grader.kind == "builtin" or not answers_file.is_jsonl(answers):
+        # JSON lines answers hold what their own grader needs (MLE-bench's tensorflow2-question-answering: one
+        # record per example, two submission rows each): that grader alone can match them to a submission,
+        # and `wmrl tasks check` has it grade the sample submission.
+        _check_sample_ids(sample, answers, id_column, where)
     _check_public(public, answers, where)
     return CollectionTask(
         name=name, description=description, kind=_kind(metric), metric=metric or grader.describe(),

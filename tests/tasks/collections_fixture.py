@@ -9,6 +9,7 @@ with a correct, a poor and an invalid submission.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,3 +332,91 @@ def santander_dsbench(base: Path) -> Built:
     correct = answers.assign(target=answers["target"] * 0.8 + 0.1)
     poor = answers.assign(target=rng.uniform(size=len(answers)))
     return Built(root, name, correct, poor, answers.drop(columns=["target"]))
+
+
+# --------------------------------------------------------------------------- MLE-bench: answers as JSON lines
+
+
+QA_GRADE = """
+import pandas as pd
+
+
+class InvalidSubmissionError(Exception):
+    pass
+
+
+def grade(submission: pd.DataFrame, answers: list) -> float:
+    # Like MLE-bench's tensorflow2-question-answering: answers is a list of dicts (one per example), the
+    # submission holds two rows per example (<id>_long, <id>_short).
+    if not isinstance(answers, list) or not all(isinstance(a, dict) for a in answers):
+        raise TypeError(f"answers should be the JSON lines' list of dicts, got {type(answers).__name__}")
+    expected = {f"{a['example_id']}_{part}" for a in answers for part in ("long", "short")}
+    if {"example_id", "PredictionString"} - set(submission.columns):
+        raise InvalidSubmissionError("submission needs example_id and PredictionString columns")
+    if set(submission["example_id"]) != expected or len(submission) != len(expected):
+        raise InvalidSubmissionError("example_ids do not match the answers'")
+    predicted = dict(zip(submission["example_id"], submission["PredictionString"].fillna("").astype(str)))
+    hits = [predicted[f"{a['example_id']}_long"] == a["long"] and predicted[f"{a['example_id']}_short"] == a["short"]
+            for a in answers]
+    return sum(hits) / len(hits)
+"""
+
+
+def qa_jsonl_mlebench(base: Path) -> Built:
+    """MLE-bench layout whose ``dataset.answers`` is a ``.jsonl`` read by the competition's own grade.py as a
+    list of dicts, with two submission rows per answer record (so ids cannot be matched without it)."""
+    rng = np.random.default_rng(7)
+    n_train, n_test = 60, 30
+    examples = [f"e{i}" for i in range(n_train + n_test)]
+    longs = [f"{s}:{s + int(rng.integers(5, 50))}" for s in rng.integers(0, 500, size=len(examples))]
+    shorts = list(rng.choice(["YES", "NO", ""], size=len(examples)))
+    data_dir = base / "data"
+    prepared = data_dir / "qa-lite" / "prepared"
+    (prepared / "public").mkdir(parents=True, exist_ok=True)
+    (prepared / "private").mkdir(parents=True, exist_ok=True)
+    with open(prepared / "public" / "train.jsonl", "w") as fh:
+        for e, lo, sh in zip(examples[:n_train], longs, shorts):
+            fh.write(json.dumps({"example_id": e, "long": lo, "short": sh}) + "\n")
+    answers = [{"example_id": e, "long": lo, "short": sh}
+               for e, lo, sh in zip(examples[n_train:], longs[n_train:], shorts[n_train:])]
+    with open(prepared / "private" / "test.jsonl", "w") as fh:
+        fh.write("".join(json.dumps(a) + "\n" for a in answers) + "\n")  # a trailing blank line
+    rows = [(f"{a['example_id']}_{part}", a[part]) for a in answers for part in ("long", "short")]
+    correct = pd.DataFrame(rows, columns=["example_id", "PredictionString"])
+    _csv(prepared / "public" / "sample_submission.csv", correct.assign(PredictionString=""))
+    _write(prepared / "public" / "description.md", "# QA lite\nPredict the long and short answers.\n")
+    definitions = data_dir / "qa-lite"
+    _write(definitions / "config.yaml", """
+        id: qa-lite
+        name: QA lite
+        competition_type: code
+        awards_medals: true
+        dataset:
+          answers: qa-lite/prepared/private/test.jsonl
+          sample_submission: qa-lite/prepared/public/sample_submission.csv
+        grader:
+          name: exact-match
+          grade_fn: mlebench.competitions.qa-lite.grade:grade
+        """)
+    _write(definitions / "grade.py", QA_GRADE)
+    _write(definitions / "description.md", "# QA lite\nPredict the long and short answers.\n")
+    scores = np.round(np.linspace(0.9, 0.0, 30), 5)
+    _csv(definitions / "leaderboard.csv", pd.DataFrame({"teamId": range(30), "score": scores}))
+    half = correct.copy()
+    half.loc[half["example_id"].str.endswith("_short"), "PredictionString"] = "NOPE"  # every example missed
+    invalid = correct.iloc[:-2]
+    return Built(data_dir, "qa-lite", correct, half, invalid)
+
+
+def labels_jsonl_mlebench(base: Path) -> Built:
+    """MLE-bench layout, no grade.py: the built-in ``accuracy`` (grader.name) on ``.jsonl`` answers."""
+    built = spaceship_mlebench(base, split=False)
+    competition = built.root / built.name
+    (competition / "grade.py").unlink()
+    answers_csv = competition / "prepared" / "private" / "test.csv"
+    frame = pd.read_csv(answers_csv)
+    answers_csv.unlink()
+    frame.to_json(competition / "prepared" / "private" / "test.jsonl", orient="records", lines=True)
+    config = competition / "config.yaml"
+    config.write_text(config.read_text().replace("private/test.csv", "private/test.jsonl"))
+    return built

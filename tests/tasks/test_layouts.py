@@ -115,8 +115,24 @@ def _bad_mlebench_answers(tmp_path):
     return built, r"task spaceship-titanic: no answers \(dataset.answers in .*config.yaml\)"
 
 
+def _bad_answers_format(tmp_path):
+    built = cf.spaceship_mlebench(tmp_path, split=False)
+    competition = built.root / built.name
+    (competition / "prepared" / "private" / "test.csv").rename(competition / "prepared" / "private" / "test.parquet")
+    config = competition / "config.yaml"
+    config.write_text(config.read_text().replace("private/test.csv", "private/test.parquet"))
+    return built, r"task spaceship-titanic: answers .*test.parquet: unsupported format '.parquet'"
+
+
+def _bad_jsonl_answers(tmp_path):
+    built = cf.labels_jsonl_mlebench(tmp_path)
+    answers = built.root / built.name / "prepared" / "private" / "test.jsonl"
+    answers.write_text(answers.read_text() + "[1, 2]\n")
+    return built, r"task spaceship-titanic: answers .*test.jsonl: line 81 is a list, not a JSON object"
+
+
 BAD = [_bad_no_answers, _bad_unknown_metric, _bad_empty_leaderboard, _bad_sample, _bad_private_under_public,
-       _bad_mlebench_answers]
+       _bad_mlebench_answers, _bad_answers_format, _bad_jsonl_answers]
 
 
 @pytest.mark.parametrize("make", BAD, ids=lambda f: f.__name__[5:])
