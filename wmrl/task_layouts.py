@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import csv
 import importlib.util
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -164,17 +165,33 @@ def _require_file(path: Path, what: str, where: str) -> Path:
     return path
 
 
+def _public_entries(public: Path):
+    """Every file and link under ``public``, at any depth (links are not followed into directories)."""
+    for base, dirs, files in os.walk(public):
+        dirs.sort()
+        for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
+            yield Path(base, name)
+
+
 def _check_public(public: Path, answers: Path, where: str) -> None:
-    """No answers or standings among the public files (top level; their size compared before bytes)."""
+    """No answers or standings anywhere under the public directory: no file named like one, no byte copy
+    of the answers (sizes compared before bytes), no link to the answers or into their directory."""
     if not public.is_dir():
         raise TaskFormatError(f"{where}: no public data directory {public}")
+    answers_real = answers.resolve()
+    # The answers' folder is private too, unless the public directory lies inside it.
+    private = answers_real.parent if answers_real.parent not in public.resolve().parents else None
     answers_size = answers.stat().st_size
     answers_bytes: Optional[bytes] = None
-    for entry in sorted(public.iterdir()):
-        if not entry.is_file():
-            continue
+    for entry in _public_entries(public):
         if entry.name.lower() in PRIVATE_NAMES:
             raise TaskFormatError(f"{where}: private file {entry} is under public/ (solutions would see it)")
+        if entry.is_symlink():
+            target = entry.resolve()
+            if target == answers_real or private is not None and (target == private or private in target.parents):
+                raise TaskFormatError(f"{where}: {entry} is a link to the private {target} (private file under public/)")
+        if not entry.is_file():
+            continue
         if entry.stat().st_size == answers_size:
             answers_bytes = answers.read_bytes() if answers_bytes is None else answers_bytes
             if entry.read_bytes() == answers_bytes:
