@@ -263,10 +263,11 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading and mode is Mode.WMRL:
         a = alg.anchors
         selector = AnchorSelector(a.fraction, a.min_per_step, a.max_concurrent, alg.seed)
-    if spec.policy.model in ("builtin:tiny-coder", "builtin:tiny-coder-wide") and alg.max_turns > 1:
+    if spec.policy.model in ("builtin:tiny-coder", "builtin:tiny-coder-wide", "builtin:fixed-scripts") \
+            and alg.max_turns > 1:
         raise ValueError(f"spec.algorithm.maxTurns: {spec.policy.model} writes one script and cannot read feedback; "
                          "set maxTurns: 1, or use builtin:tiny-coder-multiturn")
-    model, tokenizer = policy if policy is not None else load_policy(spec.policy.model)
+    model, tokenizer = policy if policy is not None else load_policy(spec.policy.model, scripts=spec.policy.scripts)
     initial = "initial-policy" if world.size == 1 else f"initial-policy-rank{world.rank}"  # no two writers
     _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / initial)
 

@@ -222,7 +222,7 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
 
     step_log = open(results_dir / "steps.jsonl", "a")
     try:
-        policy = load_policy(spec.policy.model)
+        policy = load_policy(spec.policy.model, scripts=spec.policy.scripts)
         trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
                                 callbacks=[on_step], evaluate=False)  # evaluated here, on the --eval-* schedule
         if stop_flag is not None:
