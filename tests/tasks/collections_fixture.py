@@ -75,9 +75,9 @@ def grade(submission: pd.DataFrame, answers: pd.DataFrame) -> float:
 """
 
 
-def spaceship_mlebench(base: Path, split: bool) -> Built:
+def spaceship_mlebench(base: Path, split: bool, name: str = "spaceship-titanic", seed: int = 1) -> Built:
     """Binary True/False labels, accuracy, MLE-bench layout; ``split``: definitions in an mlebench source tree."""
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     n_train, n_test = 200, 80
     ids = [f"{i:04d}_01" for i in range(n_train + n_test)]
     x = rng.normal(size=n_train + n_test)
@@ -86,7 +86,7 @@ def spaceship_mlebench(base: Path, split: bool) -> Built:
     test = pd.DataFrame({"PassengerId": ids[n_train:], "Age": x[n_train:]})
     answers = pd.DataFrame({"PassengerId": ids[n_train:], "Transported": y[n_train:]})
     data_dir = base / "data"
-    prepared = data_dir / "spaceship-titanic" / "prepared"
+    prepared = data_dir / name / "prepared"
     _csv(prepared / "public" / "train.csv", train)
     _csv(prepared / "public" / "test.csv", test)
     _csv(prepared / "public" / "sample_submission.csv", answers.assign(Transported=False))
@@ -97,24 +97,24 @@ def spaceship_mlebench(base: Path, split: bool) -> Built:
         _write(source / "mlebench" / "__init__.py", "")
         _write(source / "mlebench" / "grade_helpers.py", MLEBENCH_GRADE_HELPERS)
         _write(source / "mlebench" / "competitions" / "__init__.py", "")
-        definitions = source / "mlebench" / "competitions" / "spaceship-titanic"
+        definitions = source / "mlebench" / "competitions" / name
         competitions_dir = definitions.parent
     else:  # one folder per competition holding both; a grade.py without mlebench imports
-        definitions = data_dir / "spaceship-titanic"
+        definitions = data_dir / name
         competitions_dir = None
-    _write(definitions / "config.yaml", """
-        id: spaceship-titanic
+    _write(definitions / "config.yaml", f"""
+        id: {name}
         name: Spaceship Titanic
         competition_type: simple
         awards_medals: false
-        description: mlebench/competitions/spaceship-titanic/description.md
+        description: mlebench/competitions/{name}/description.md
         dataset:
-          answers: spaceship-titanic/prepared/private/test.csv
-          sample_submission: spaceship-titanic/prepared/public/sample_submission.csv
+          answers: {name}/prepared/private/test.csv
+          sample_submission: {name}/prepared/public/sample_submission.csv
         grader:
           name: accuracy
-          grade_fn: mlebench.competitions.spaceship-titanic.grade:grade
-        preparer: mlebench.competitions.spaceship-titanic.prepare:prepare
+          grade_fn: mlebench.competitions.{name}.grade:grade
+        preparer: mlebench.competitions.{name}.prepare:prepare
         """)
     grade_py = SPACESHIP_GRADE if split else SPACESHIP_GRADE.replace(
         "from mlebench.grade_helpers import InvalidSubmissionError", "class InvalidSubmissionError(Exception):\n    pass")
@@ -126,7 +126,7 @@ def spaceship_mlebench(base: Path, split: bool) -> Built:
     correct = answers.copy()
     poor = answers.assign(Transported=~answers["Transported"])
     invalid = answers.rename(columns={"Transported": "Label"})
-    return Built(data_dir, "spaceship-titanic", correct, poor, invalid, competitions_dir)
+    return Built(data_dir, name, correct, poor, invalid, competitions_dir)
 
 
 # --------------------------------------------------------------------------- MLE-Dojo: multi-class log-loss
@@ -420,3 +420,44 @@ def labels_jsonl_mlebench(base: Path) -> Built:
     config = competition / "config.yaml"
     config.write_text(config.read_text().replace("private/test.csv", "private/test.jsonl"))
     return built
+
+
+# --------------------------------------------------------------------------- scripts for builtin:fixed-scripts
+
+# Solutions any competition shaped like spaceship_mlebench's accepts (an id column, numeric features, a
+# label column named by the sample submission): what the smoke-run policy samples from, since the demo
+# policy writes only numpy scripts for `id,f0..,target` CSVs. One per rung of the reward ladder.
+SMOKE_SCRIPTS = {
+    "a_logistic.py": """
+        import pandas as pd
+        from sklearn.linear_model import LogisticRegression
+
+        train = pd.read_csv('data/train.csv')
+        test = pd.read_csv('data/test.csv')
+        sample = pd.read_csv('data/sample_submission.csv')
+        id_col, label = sample.columns[0], sample.columns[1]
+        features = [c for c in test.columns if c != id_col and pd.api.types.is_numeric_dtype(test[c])]
+        model = LogisticRegression().fit(train[features], train[label])
+        pd.DataFrame({id_col: test[id_col], label: model.predict(test[features])}).to_csv('submission.csv', index=False)
+        """,
+    "b_sample.py": """
+        import shutil
+        shutil.copy('data/sample_submission.csv', 'submission.csv')
+        """,
+    "c_wrong_columns.py": """
+        import pandas as pd
+        sample = pd.read_csv('data/sample_submission.csv')
+        sample.rename(columns={sample.columns[1]: 'prediction'}).to_csv('submission.csv', index=False)
+        """,
+    "d_crash.py": """
+        import pandas as pd
+        train = pd.read_csv('data/train.csv')
+        print(train['no_such_column'].mean())
+        """,
+}
+
+
+def write_smoke_scripts(directory: Path) -> Path:
+    for name, source in SMOKE_SCRIPTS.items():
+        _write(directory / name, source.lstrip("\n"))
+    return directory

@@ -54,9 +54,13 @@ def build_dispatcher(config: RunConfig) -> Any:
         endpoints = EndpointSliceEndpoints(config.metadata.namespace, runtime.sandbox_service, runtime.sandbox_port)
     else:
         raise ValueError("runtime: set sandboxUrls or sandboxService (the mode needs real execution)")
-    tasks_dir = (runtime.tasks_dir or "/tasks") if runtime.sandbox_mounts_tasks else None
     return SandboxDispatcher(endpoints, slots_per_pod=sandbox.slots_per_pod, timeout=sandbox.timeout_seconds,
-                             tasks_dir=tasks_dir)
+                             tasks_dir=mounted_tasks_dir(runtime))
+
+
+def mounted_tasks_dir(runtime: Any) -> Optional[str]:
+    """Where this process sees the tasks directory that the sandboxes mount too (None: they mount none)."""
+    return (runtime.tasks_dir or "/tasks") if runtime.sandbox_mounts_tasks else None
 
 
 def build_calibration(config: RunConfig) -> Any:
