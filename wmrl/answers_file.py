@@ -55,19 +55,33 @@ def jsonl_records(path: Path, limit: int | None = None) -> list[dict]:
     return records
 
 
+def csv_header(path: Path) -> list[str]:
+    """A CSV file's column names (stripped); AnswersError if it cannot be read or is empty."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            header = next(csv.reader(handle), None)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AnswersError(f"cannot read {path}: {exc}") from exc
+    if not header:
+        raise AnswersError(f"{path} is empty")
+    return [h.strip() for h in header]
+
+
+def csv_column(path: Path, column: str) -> list[str]:
+    """The values of ``column`` in a CSV file, as text, in file order."""
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        reader = csv.reader(handle)
+        header = [h.strip() for h in next(reader)]
+        i = header.index(column)
+        return [row[i].strip() for row in reader if row and len(row) > i]
+
+
 def columns(path: Path) -> list[str]:
     """The answers' column names: a CSV's header, or the keys of a JSON lines file's first record."""
     check_suffix(path)
     if is_jsonl(path):
         return [str(key) for key in jsonl_records(path, limit=1)[0]]
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:
-            header = next(csv.reader(handle), None)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AnswersError(f"answers {path}: cannot read it: {exc}") from exc
-    if not header:
-        raise AnswersError(f"answers {path} is empty")
-    return [h.strip() for h in header]
+    return csv_header(path)
 
 
 def ids(path: Path, column: str) -> list[str]:
@@ -78,11 +92,7 @@ def ids(path: Path, column: str) -> list[str]:
         if missing:
             raise AnswersError(f"answers {path}: {missing} record(s) have no {column!r}")
         return [str(r[column]).strip() for r in records]
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle)
-        header = [h.strip() for h in next(reader)]
-        i = header.index(column)
-        return [row[i].strip() for row in reader if row and len(row) > i]
+    return csv_column(path, column)
 
 
 def read_answers(path: Path, as_frame: bool) -> Any:
@@ -97,4 +107,4 @@ def read_answers(path: Path, as_frame: bool) -> Any:
     return pd.DataFrame.from_records(records) if as_frame else records
 
 
-__all__ = ["AnswersError", "SUFFIXES", "check_suffix", "columns", "ids", "is_jsonl", "jsonl_records", "read_answers"]
+__all__ = ["AnswersError", "SUFFIXES", "check_suffix", "columns", "csv_column", "csv_header", "ids", "is_jsonl", "jsonl_records", "read_answers"]

@@ -22,7 +22,6 @@ they fit several or none. Every problem is a :class:`TaskFormatError` naming the
 from __future__ import annotations
 
 import ast
-import csv
 import importlib.util
 import os
 from pathlib import Path
@@ -142,21 +141,9 @@ def detect_format(root: Path, competitions_dir: Optional[Path] = None, names: Op
 
 def _csv_header(path: Path, where: str) -> list[str]:
     try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:
-            header = next(csv.reader(handle), None)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TaskFormatError(f"{where}: cannot read {path}: {exc}") from exc
-    if not header:
-        raise TaskFormatError(f"{where}: {path} is empty")
-    return [h.strip() for h in header]
-
-
-def _csv_ids(path: Path, column: str, where: str) -> list[str]:
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle)
-        header = [h.strip() for h in next(reader)]
-        i = header.index(column)
-        return [row[i].strip() for row in reader if row and len(row) > i]
+        return answers_file.csv_header(path)
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
 
 
 def _require_file(path: Path, what: str, where: str) -> Path:
@@ -210,7 +197,7 @@ def _check_sample_ids(sample: Path, answers: Path, id_column: str, where: str) -
         answer_ids = answers_file.ids(answers, id_column)
     except AnswersError as exc:
         raise TaskFormatError(f"{where}: {exc}") from exc
-    sample_ids = _csv_ids(sample, id_column, where)
+    sample_ids = answers_file.csv_column(sample, id_column)
     if sorted(sample_ids) != sorted(answer_ids):
         raise TaskFormatError(f"{where}: sample submission {sample} does not match the answers {answers}: "
                               f"{len(sample_ids)} rows against {len(answer_ids)}, "
