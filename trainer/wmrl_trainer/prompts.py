@@ -10,6 +10,7 @@ the reward ladder, the error type and line for failures, a quality bucket for va
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from wmrl import competition_text, data_overview
@@ -23,6 +24,43 @@ SANDBOX_LIMITS = f"Python 3 with {libraries.prompt_line()} (no internet), one CP
 """What a script may use: the libraries the sandbox image really installs (its pinned requirements)."""
 
 _OVERVIEWS: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class PromptTask(Task):
+    """A task as the prompts show it, without its data: rebuilt from :func:`task_context` (a fidelity case
+    carries one), it gives the same world-model prompt as the task it was taken from, collection tasks
+    included (their contract and metric text are kept as rendered)."""
+
+    contract: str = ""
+    metric_text: str = ""
+    lower_is_better: bool = False
+
+    @property
+    def higher_is_better(self) -> bool:
+        return not self.lower_is_better
+
+
+def task_context(task: Task) -> dict[str, Any]:
+    """What the prompts need of ``task``, JSON-able (:func:`context_task` is the inverse)."""
+    return {"name": task.name, "kind": task.kind, "metric": task.metric, "metric_text": _metric(task),
+            "description": _description(task), "contract": _contract(task), "target": task.target,
+            "id_column": task.id_column, "submission": task.submission, "leaderboard": list(task.leaderboard),
+            "higher_is_better": bool(task.higher_is_better)}
+
+
+CONTEXT_FIELDS = {"name": str, "kind": str, "metric": str, "metric_text": str, "description": str, "contract": str,
+                  "target": str, "id_column": str, "submission": str, "leaderboard": list, "higher_is_better": bool}
+"""The keys of :func:`task_context` and their JSON types."""
+
+
+def context_task(context: dict[str, Any]) -> PromptTask:
+    """The :class:`PromptTask` of a :func:`task_context` (its keys checked by the caller)."""
+    return PromptTask(name=context["name"], description=context["description"], kind=context["kind"],
+                      metric=context["metric"], target=context["target"], id_column=context["id_column"],
+                      submission=context["submission"], leaderboard=tuple(float(x) for x in context["leaderboard"]),
+                      contract=context["contract"], metric_text=context["metric_text"],
+                      lower_is_better=not context["higher_is_better"])
 
 
 def data_overview_text(task: CollectionTask) -> str:
@@ -39,6 +77,8 @@ def _description(task: Task) -> str:
 
 
 def _metric(task: Task) -> str:
+    if isinstance(task, PromptTask):
+        return task.metric_text
     if isinstance(task, CollectionTask):
         name = task.metric if task.grader.kind == "builtin" else "the competition's metric (see its evaluation)"
         return f"{name}, {'higher' if task.higher_is_better else 'lower'} is better"
@@ -62,6 +102,8 @@ def _columns(task: Task) -> tuple[str, str]:
 
 
 def _contract(task: Task) -> str:
+    if isinstance(task, PromptTask):
+        return task.contract
     if isinstance(task, CollectionTask):
         return _collection_contract(task)
     train, test = _columns(task)

@@ -130,7 +130,6 @@ class WorldModelSpec(_Model):
         0.0, ge=0, le=1, description="learned backend only: extra optimism of the judge, times the script's complexity "
                                      "(model family and size, preprocessing), added to its expected reward. A benchmark knob: "
                                      "how biased a frozen judge is.")
-
     @model_validator(mode="after")
     def _learned_only(self) -> "WorldModelSpec":
         if self.backend != "learned" and self.learn_online:
@@ -398,8 +397,21 @@ class TrajectoryLogSpec(_Model):
     keep_files: int = Field(4, ge=0, le=1000, description="Rotated files kept per rank besides the current one.")
 
 
+class CaseLogSpec(_Model):
+    """Fidelity cases (mode wmrl): each executed anchor rollout with its real outcome, <checkpoint path>/fidelity/cases.jsonl."""
+
+    enabled: bool = Field(True, description="Write the cases and report the rolling fidelity.")
+    window: int = Field(256, ge=1, le=100000, description="Rolling fidelity (status.progress.fidelity) over this many "
+                        "latest cases.")
+    max_file_bytes: int = Field(
+        32 * 1024 * 1024, ge=4096, le=1 << 40, description="cases.jsonl is rotated (-> .1 -> .2 ...) before a write "
+        "would take it past this size.")
+    keep_files: int = Field(4, ge=0, le=1000, description="Rotated case files kept besides the current one.")
+
+
 class LoggingSpec(_Model):
     trajectories: TrajectoryLogSpec = Field(default_factory=TrajectoryLogSpec)
+    cases: CaseLogSpec = Field(default_factory=CaseLogSpec)
 
 
 class FailurePolicySpec(_Model):
@@ -497,6 +509,19 @@ class HeldOutProgress(_Model):
     report: Optional[str] = Field(None, description="The last evaluation's per-task report on the checkpoint volume.")
 
 
+class FidelityProgress(_Model):
+    """Rolling world-model fidelity: its predictions against the real outcomes of the latest anchor rollouts."""
+
+    cases: int = Field(0, description="Anchor cases in the window.")
+    graded: int = Field(0, description="Of those, the ones the world model graded (the rest were ungraded).")
+    status_at_1: Optional[float] = Field(
+        None, description="Share of the graded cases whose predicted status is the real one.")
+    reward_mae: Optional[float] = Field(None, description="Mean |predicted reward - real reward| over the graded cases.")
+    reward_bias: Optional[float] = Field(None, description="Mean (predicted reward - real reward) over the graded cases.")
+    recorded: int = Field(0, description="Cases written so far (the case file's lines, across restarts).")
+    file: Optional[str] = Field(None, description="The case file (`wmrl eval world-model --cases`).")
+
+
 class Progress(_Model):
     """Patched by the trainer each step; the operator never writes it."""
 
@@ -517,6 +542,7 @@ class Progress(_Model):
     ungraded: int = 0
     sandbox_demand: int = Field(0, description="Executions queued + in flight at the trainer: the autoscaler's input.")
     calibration_stale_seconds: Optional[float] = None
+    fidelity: Optional[FidelityProgress] = None
     health: Optional[PolicyHealth] = None
     turns: Optional[TurnProgress] = None
     updated_at: Optional[str] = None

@@ -1,0 +1,9 @@
+"""World-model fidelity: how well a world model predicts real outcomes (``docs/world-model.md``).
+
+* :mod:`.cases`: the case file (JSON lines: a script, its task, the trajectory so far and its real
+  outcome), which anchors write during training;
+* :mod:`.metrics`: pure functions (status@1, status@2, reward MAE and bias by real rung,
+  exception-class match, confusion matrix, reliability, latency);
+* :mod:`.judge`: a world model's answer on one case as the metrics see it;
+* :mod:`.recorder`: the training side (the case file on the checkpoint volume and the rolling figures).
+"""
