@@ -10,10 +10,12 @@ the reward ladder, the error type and line for failures, a quality bucket for va
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from wmrl import competition_text, data_overview
+from wmrl.api.schema import FewShotExample
 from wmrl.collection_tasks import CollectionTask
 from wmrl.outcome import QualityBucket, Status
 from wmrl.tasks import Task
@@ -226,6 +228,41 @@ def _history_block(history: History) -> str:
     return "\n\n".join(parts) + "\n\n"
 
 
+def example_reason(example: FewShotExample) -> str:
+    """The example answer's reason: the example's own, else one written from its outcome."""
+    if example.reason:
+        return example.reason
+    where = f" at line {example.error_line}" if example.error_line else ""
+    return {
+        "malformed": "The text is not a complete Python program.",
+        "syntax_err": f"Python cannot compile it: {example.error_type or 'SyntaxError'}{where}.",
+        "runtime_err": f"It raised {example.error_type or 'an exception'}{where} when it ran.",
+        "ran_no_sub": "It ran to the end but wrote no valid submission.",
+        "valid": f"It wrote a valid submission of {example.quality_bucket} quality against the reference solutions.",
+    }[example.status]
+
+
+def example_answer(example: FewShotExample) -> str:
+    """The JSON answer a world model should have given for ``example``: its real outcome as one prediction."""
+    return json.dumps({"predictions": [{
+        "reason": example_reason(example), "status": example.status,
+        "error_type": example.error_type if example.status != "valid" else None,
+        "error_line": example.error_line if example.status != "valid" else None,
+        "quality_bucket": example.quality_bucket, "env_feedback": example.feedback[:ENV_FEEDBACK_CHARS]}]})
+
+
+def _examples_block(examples: Sequence[FewShotExample]) -> str:
+    """Real outcomes of earlier scripts in this sandbox (few-shot), each with the answer it called for."""
+    if not examples:
+        return ""
+    parts = ["Examples: scripts that really ran in this sandbox (on this or other tasks) and the answer each called "
+             "for, given as one prediction of its real outcome:"]
+    for n, example in enumerate(examples, start=1):
+        parts.append(f"Example {n} (task '{example.task}'):\n```\n{example.code.rstrip()}\n```\n"
+                     f"Answer: {example_answer(example)}")
+    return "\n\n".join(parts) + "\n\n"
+
+
 def _request(predictions: int) -> str:
     if predictions == 2:
         distinct = " Prediction 2 must have a different status from prediction 1: the most likely alternative."
@@ -239,11 +276,13 @@ def _request(predictions: int) -> str:
             '"error_line": ... or null, "quality_bucket": ... or null, "env_feedback": ...}]}')
 
 
-def world_model_messages(task: Task, code: str, predictions: int = 2, history: History = ()) -> list[dict[str, str]]:
+def world_model_messages(task: Task, code: str, predictions: int = 2, history: History = (),
+                         examples: Sequence[FewShotExample] = ()) -> list[dict[str, str]]:
     """Chat messages asking for the top-``predictions`` outcome predictions of ``code`` on ``task``.
 
     ``history``: the trajectory's earlier turns (see :data:`History`), shown before the current
-    script, which comes last and is the one to predict; empty for a first turn.
+    script, which comes last and is the one to predict; empty for a first turn. ``examples``:
+    real outcomes (``spec.worldModel.fewShot``), shown after the task and before the trajectory.
     """
     board = sorted(task.leaderboard)
     board_line = (f"Reference solutions score {_metric(task).split(',')[0]} from {board[0]:.4g} to {board[-1]:.4g} "
@@ -255,6 +294,7 @@ def world_model_messages(task: Task, code: str, predictions: int = 2, history: H
         f"Task '{task.name}' ({task.kind}): {_description(task)}\n"
         f"{_contract(task)}\n"
         f"Sandbox: {SANDBOX_LIMITS}.\n{board_line}\n"
+        f"{_examples_block(examples)}"
         f"{_history_block(history)}"
         f"{current}:\n```\n{_numbered(code)}\n```\n\n"
         f"{_STATUS_GUIDE}\n\n"
@@ -263,7 +303,8 @@ def world_model_messages(task: Task, code: str, predictions: int = 2, history: H
     return [{"role": "system", "content": _WM_SYSTEM}, {"role": "user", "content": user}]
 
 
-def world_model_prompt(task: Task, code: str, predictions: int = 2, history: History = ()) -> str:
+def world_model_prompt(task: Task, code: str, predictions: int = 2, history: History = (),
+                       examples: Sequence[FewShotExample] = ()) -> str:
     """The same request as one plain-text prompt, for models without a chat template."""
-    messages = world_model_messages(task, code, predictions, history)
+    messages = world_model_messages(task, code, predictions, history, examples)
     return "\n\n".join(m["content"] for m in messages) + "\n\nJSON answer:\n"

@@ -5,5 +5,6 @@
 * :mod:`.metrics`: pure functions (status@1, status@2, reward MAE and bias by real rung,
   exception-class match, confusion matrix, reliability, latency);
 * :mod:`.judge`: a world model's answer on one case as the metrics see it;
-* :mod:`.recorder`: the training side (the case file on the checkpoint volume and the rolling figures).
+* :mod:`.recorder`: the training side (the case file on the checkpoint volume and the rolling figures);
+* :mod:`.curate`: few-shot examples picked from real cases.
 """
