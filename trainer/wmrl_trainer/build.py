@@ -31,6 +31,7 @@ from wmrl.tasks import Task
 from wmrl_sandbox.dispatcher import EndpointSliceEndpoints, SandboxDispatcher, StaticEndpoints
 from wmrl_trainer.distributed import World
 from wmrl_trainer.evaluation import HeldOutEvaluator
+from wmrl_trainer.fidelity.recorder import CaseRecorder
 from wmrl_trainer.loop import WMRLStep
 from wmrl_trainer.policy import load_policy
 from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics
@@ -279,7 +280,8 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading:
         step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
                         selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60,
-                        anchor_wait=spec.algorithm.anchors.wait_seconds)
+                        anchor_wait=spec.algorithm.anchors.wait_seconds,
+                        cases=CaseRecorder.from_spec(spec, config.runtime.checkpoint_dir, config.metadata.name))
     by_name = {t.name: t for t in tasks}
     prompts = {t.name: make_prompt(t, tokenizer) for t in tasks}
     names = step_rows(tasks, alg.groups_per_step, alg.steps, alg.seed)

@@ -132,6 +132,31 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "fieldPath": ".optimism",
             "reason": "FieldValueInvalid",
         },
+        {
+            "rule": "!has(self.fewShot) || (!has(self.fewShot.path) && (!has(self.fewShot.examples) || "
+                    "size(self.fewShot.examples) == 0)) || (has(self.backend) && self.backend != 'learned')",
+            "message": "spec.worldModel.fewShot: the learned backend has no prompt to show examples in (only llm and "
+                       "transformers use them)",
+            "fieldPath": ".fewShot",
+            "reason": "FieldValueInvalid",
+        },
+    ],
+    ("worldModel", "fewShot", "examples", "*"): [
+        {
+            "rule": "(self.status == 'valid') == has(self.qualityBucket)",
+            "message": "spec.worldModel.fewShot.examples: a valid example needs its qualityBucket, and only a valid "
+                       "one has one",
+            "fieldPath": ".qualityBucket",
+            "reason": "FieldValueInvalid",
+        }
+    ],
+    ("worldModel", "fewShot"): [
+        {
+            "rule": "!has(self.path) || !has(self.examples) || size(self.examples) == 0",
+            "message": "spec.worldModel.fewShot: set path or examples, not both",
+            "fieldPath": ".path",
+            "reason": "FieldValueInvalid",
+        }
     ],
     ("tasks",): [
         {
@@ -244,9 +269,10 @@ def _model_schema(model: type, defaults: bool) -> dict[str, Any]:
 
 
 def _at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """The node at ``path``: property names, ``*`` for an array's items."""
     node = schema
     for name in path:
-        node = node["properties"][name]
+        node = node["items"] if name == "*" else node["properties"][name]
     return node
 
 
