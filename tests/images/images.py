@@ -198,12 +198,19 @@ class Buildah:
 
     @contextlib.contextmanager
     def container(self, ref: str) -> Iterator[str]:
-        """A working container of ``ref``, removed afterwards."""
-        name = self("from", "--pull=never", "--signature-policy", str(self.policy), ref).strip().splitlines()[-1]
-        try:
-            yield name
-        finally:
-            subprocess.run(self.argv("rm", name), env=self.env(), capture_output=True)
+        """A working container of ``ref``, removed afterwards; held under the cache's lock, since a
+        build removes every container it finds."""
+        with locked(self.state.parent):
+            name = self("from", "--pull=never", "--signature-policy", str(self.policy), ref).strip().splitlines()[-1]
+            try:
+                yield name
+            finally:
+                subprocess.run(self.argv("rm", name), env=self.env(), capture_output=True)
+
+    def remove_containers(self) -> None:
+        """Remove the working containers an interrupted build (or test) left: they pin superseded
+        layers, so ``rmi --prune`` fails and the storage grows. Call it only under the cache's lock."""
+        self("rm", "--all")
 
     def run_in(self, ref: str, argv: Sequence[str], user: Optional[str] = None, files: Optional[dict[str, Path]] = None,
                timeout: float = 600) -> subprocess.CompletedProcess:
@@ -384,6 +391,7 @@ def build(names: Iterable[str] = DEFAULT_NAMES, cache_dir: Optional[os.PathLike]
     with locked(directory):
         ensure_tools()
         buildah = builder(cache_dir)
+        buildah.remove_containers()
         base = ensure_base(buildah, directory)
         return {spec.name: ensure_image(buildah, spec, base, directory) for spec in specs}
 
