@@ -111,3 +111,16 @@ def test_the_sandbox_stack_is_the_dev_environments():
     assert f"WMRL_SANDBOX_REQUIRE_IMPORTS={','.join(libraries.import_names())}" in env
     torch_arg = [a for i, a in instructions if i == "ARG" and a.startswith("TORCH_VERSION=")]
     assert torch_arg == [f"TORCH_VERSION={pins['torch']}"], f"sandbox-image/Dockerfile: {torch_arg}, pyproject.toml torch=={pins['torch']}"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_dependencies_install_before_the_sources_arrive(path):
+    """A change to wmrl's code or README must not reinstall torch: the layer that installs the
+    dependencies sees pyproject.toml alone, and the one after the sources installs with --no-deps."""
+    instructions = _instructions(path)
+    first_source = next(n for n, (i, a) in enumerate(instructions) if i == "COPY" and "README.md" in a)
+    before = [a for i, a in instructions[:first_source] if i in ("COPY", "RUN")]
+    assert [a for a in before if a.startswith("pyproject.toml")] == ["pyproject.toml ./"], f"{path}: {before}"
+    assert any("pip install" in a and "--no-deps" not in a for a in before), f"{path}: no dependency layer"
+    after = " ".join(a for i, a in instructions[first_source:] if i == "RUN")
+    assert "pip install --no-deps ." in after, f"{path}: the sources install their dependencies again"
