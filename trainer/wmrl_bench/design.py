@@ -32,6 +32,13 @@ way; each P's figures read its curve at that P's budget.
 **The pool** (:data:`SLOTS_GRID`): the clock charges each step's executions on P sandbox slots
 (:mod:`.cost`); every run records each step's costs at every P of the sweep.
 
+**Asynchronous anchors** (:data:`ASYNC_WAIT_FRACTIONS`, :data:`LATE_CORRECTIONS`, :data:`ASYNC_CONTROLS`):
+``wmrl`` with ``anchors.waitSeconds`` set, each run on one pool size P, whose slots persist across steps (a late
+execution keeps its slot into the next steps). A step's executions are submitted where the trainer would start
+waiting (after its own compute and the modelled judge, as the synchronous clock charges them), so with
+``waitSeconds`` unbounded the clock is the synchronous one. Not tuned: each runs at wmrl's learning rate chosen
+for its P on the tuning seeds, on the ablation arms' evaluation seeds (paired with real and wmrl), at P's budget.
+
 **The judge** is the paper's: frozen (``learnOnline: false``), the ``learned`` backend's static judge
 with its complexity bias and hash-seeded noise, plus optimism :data:`HEADLINE_OPTIMISM` (v2's headline
 level). The corrections' ablation on a judge whose distortion is known is :mod:`.synthetic_judge`'s grid.
@@ -75,6 +82,24 @@ REFERENCE = ("real", 4, 0.002)
 """(arm, groupsPerStep, learning rate) of the configuration whose cost at ``steps`` steps sets the budget."""
 TUNING_SEED_BASE = 1000
 """Tuning seeds are TUNING_SEED_BASE + k: disjoint from the evaluation seeds 0, 1, ..."""
+
+# Asynchronous anchors (issue 29, item 4), pre-registered before any asynchronous run.
+ASYNC_WAIT_FRACTIONS = (0.0, 0.25)
+"""``anchors.waitSeconds`` of the asynchronous arms, as a fraction of a synchronous wmrl step at the arm's pool
+size P (wmrl at its chosen learning rate: its mean cost per step at P over the tuning seeds): 0 (never wait for
+an anchor) and a quarter of a step. Anchors not done by then are late."""
+LATE_CORRECTIONS = ("token", "none")
+"""How a late anchor group's real rewards enter the gradient of the step they arrive at (``anchors.lateRewards``):
+``token``, the rollout's stored log-probs against the current policy's, a per-token importance ratio truncated
+at :data:`LATE_CLIP_MAX` (the form of TRL's ``vllm_importance_sampling_mode="token_truncate"``); ``none``, as if
+on-policy (ratio 1). Every combination with :data:`ASYNC_WAIT_FRACTIONS` runs. Either way the arrived group's
+advantages are its real rewards normalised within the group, times the step's anchor weight (denoising), and at
+its own step a late group trains on calibrated world-model rewards like any judged group."""
+LATE_CLIP_MAX = 3.0
+"""The truncation of the importance ratio (TRL's default ``vllm_importance_sampling_clip_max``)."""
+ASYNC_CONTROLS = (("drop", 0.0),)
+"""(late handling, wait fraction) run besides: ``drop`` is ``waitSeconds`` as it was before item 4, late
+anchors trained on calibrated world-model rewards and their real rewards never in the gradient."""
 
 BASE_SPEC: dict[str, Any] = {
     "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers",
