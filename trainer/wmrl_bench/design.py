@@ -148,13 +148,36 @@ def config_name(arm: str, groups_per_step: int, learning_rate: float) -> str:
     return f"{arm}-g{groups_per_step}-lr{learning_rate:g}"
 
 
+def async_variants() -> list[tuple[str, float]]:
+    """Every pre-registered asynchronous arm as (late handling, wait fraction): each correction at each wait
+    fraction, then the controls."""
+    return [(late, fraction) for fraction in ASYNC_WAIT_FRACTIONS for late in LATE_CORRECTIONS] + list(ASYNC_CONTROLS)
+
+
+def async_variant_name(late: str, fraction: float) -> str:
+    """``token-w0``, ``none-w0.25``, ``drop-w0``."""
+    return f"{late}-w{fraction:g}"
+
+
+def async_anchors(late: str, wait_seconds: float) -> dict[str, Any]:
+    """``algorithm.anchors`` of an asynchronous arm: ``waitSeconds`` and, unless it drops late rewards (``drop``),
+    ``lateRewards`` with the correction (``token``, ``sequence`` or ``none``) at :data:`LATE_CLIP_MAX`."""
+    if late not in (*LATE_CORRECTIONS, "sequence", "drop"):
+        raise ValueError(f"unknown late handling {late!r}")
+    anchors: dict[str, Any] = {"waitSeconds": float(wait_seconds)}
+    if late != "drop":
+        anchors["lateRewards"] = {"enabled": True, "correction": late, "clipMax": LATE_CLIP_MAX}
+    return anchors
+
+
 def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dict[str, Any] = BASE_SPEC,
                group_size: Optional[int] = None, groups_per_step: Optional[int] = None,
                learning_rate: Optional[float] = None,
-               held_out: Optional[Sequence[str]] = None, max_turns: int = 1, space: str = "tiny") -> RunConfig:
+               held_out: Optional[Sequence[str]] = None, max_turns: int = 1, space: str = "tiny",
+               anchors: Optional[dict[str, Any]] = None) -> RunConfig:
     """The run of ``arm`` at ``seed`` and judge ``optimism``: the base spec with the arm's fields, nothing else
     (``max_turns`` > 1: the multi-turn tiny coder with that many turns; ``space`` "wide": the wide tiny coder
-    with :data:`WIDE_SETTINGS`)."""
+    with :data:`WIDE_SETTINGS`; ``anchors``: fields merged into ``algorithm.anchors``, an asynchronous arm's)."""
     settings = ARMS[arm]
     spec = json.loads(json.dumps(base))
     spec["mode"] = settings["mode"]
@@ -175,6 +198,8 @@ def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dic
         alg["learningRate"] = learning_rate
     if held_out:
         spec["tasks"]["heldOut"] = list(held_out)
+    if anchors:
+        alg.setdefault("anchors", {}).update(json.loads(json.dumps(anchors)))
     if "debiasing" in settings:
         alg.setdefault("debiasing", {})["enabled"] = settings["debiasing"]
         alg.setdefault("denoising", {})["enabled"] = settings["denoising"]
@@ -206,9 +231,14 @@ class Job:
     threads: int = 1
     live: bool = False  # execute every rollout on the sandboxes (no table hits): modelled vs measured cost
     judge_cell: Optional[str] = None  # a synthetic judge of the ablation grid instead of the frozen learned judge
+    # An asynchronous arm (one pool size in ``slots``): {"late": ..., "wait_fraction": ..., "wait_s": ...}.
+    async_anchors: Optional[dict[str, Any]] = None
 
     @property
     def config(self) -> str:
+        if self.async_anchors is not None:
+            variant = async_variant_name(self.async_anchors["late"], self.async_anchors["wait_fraction"])
+            return f"async-{variant}-P{self.slots[0]}-g{self.groups_per_step}-lr{self.learning_rate:g}"
         return config_name(self.arm, self.groups_per_step, self.learning_rate)
 
     def name(self) -> str:
