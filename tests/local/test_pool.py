@@ -8,7 +8,7 @@ import concurrent.futures as cf
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from wmrl_bench.async_clock import VirtualTime
+from wmrl_bench.async_clock import VirtualDispatcher, VirtualTime
 from wmrl_bench.cost import makespan, step_cost
 from wmrl_bench.pool import EPS, SlotPool, StepPlan, Timeline, replay, waited_for
 
@@ -103,12 +103,15 @@ def test_a_late_execution_keeps_its_slot_into_the_next_steps():
     timeline = Timeline(1)
     s0 = timeline.submit(1.0, [("a", [5.0])], wait=0.0)
     timeline.finish(1.0)
+    assert timeline.demand() == 1  # what the next step's anchor selector sees: a is still running at t=2
     s1 = timeline.submit(1.0, [("b", [1.0])], wait=0.0)
     timeline.finish(1.0)
+    assert timeline.demand() == 2  # at t=4: a running, b queued behind it
     s2 = timeline.submit(1.0, [], wait=0.0)
     timeline.finish(1.0)
     s3 = timeline.submit(2.0, [], wait=0.0)
     timeline.finish(0.0)
+    assert timeline.demand() == 0  # at t=8 both are done
     assert (s0.wait_point, s0.end, s0.late, s0.ends) == (1.0, 2.0, ["a"], {"a": 6.0})
     assert (s1.wait_point, s1.end, s1.late, s1.ends) == (3.0, 4.0, ["b"], {"b": 7.0})
     assert s2.arrived == [] and s2.check_time == 5.0
@@ -145,5 +148,7 @@ def test_the_virtual_clock_decides_lateness_and_arrival_for_the_step():
     assert step["waited"] == pytest.approx(2.2) and step["clock"]["arrived"] == [[0, 3]]
     with pytest.raises(RuntimeError, match="never late"):
         clock.finished(list(second.values()))
+    dispatcher = VirtualDispatcher(type("Table", (), {"close": lambda self: None})(), clock)
+    assert dispatcher.demand == 0  # at 6.0, step 1's end: every execution so far has finished
     with pytest.raises(RuntimeError, match="durations"):
         clock.running_after(dict(zip([(1, 0)], done(1))), 1.0)  # the table measured none: refused

@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from wmrl_bench.async_clock import VirtualTime
+from wmrl_bench.async_clock import VirtualDispatcher, VirtualTime
 from wmrl_bench.cost import step_cost
 from wmrl_bench.design import EVAL_TRAJECTORIES, WIDE_POLICY, Job, arm_config, async_anchors
 from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
@@ -157,7 +157,7 @@ def run_job(job: Job) -> dict[str, Any]:
             totals["judge_s"] += clock["judge"]
             totals["cost_s"][pools[0]] += clock["total"]
             totals["executions_s"][pools[0]] += clock["waited"]
-            step_costs.append({**clock, **{k: row[k] for k in ("anchor_groups", "late_anchors", "late_folded",
+            step_costs.append({**clock, **{k: row[k] for k in ("anchor_groups", "demand", "late_anchors", "late_folded",
                                                                 "late_trained", "late_weight_mean",
                                                                 "late_clipped_share", "dropped_anchors")}})
         else:
@@ -193,7 +193,8 @@ def run_job(job: Job) -> dict[str, Any]:
             # The truth comes from the outcome table (a miss executes once, uncharged: it is the judge's input).
             world_model = synthetic_world_model(job.judge_cell, job.seed, lambda task, code: dispatcher.entries(
                 [(task, code)])[0].outcome.reward)
-        trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
+        trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out,
+                                dispatcher=dispatcher if virtual is None else VirtualDispatcher(dispatcher, virtual),
                                 world_model=world_model, callbacks=[on_step], waits=virtual)
         evaluate()
         with open(run_dir / "steps.jsonl", "w") as log, contextlib.redirect_stdout(log):  # the trainer's line per step

@@ -7,7 +7,10 @@ wall clock (``running_after``, ``finished``): it places each step's executions, 
 durations, on a :class:`wmrl_bench.pool.Timeline` of P slots that persists across steps, at the step's
 wait point (the trainer's own time so far in the step plus the modelled judge), and answers from
 there. After the step, :meth:`VirtualTime.finish_step` ends it on the clock; its cost is the
-trainer's compute and judge plus what it waited on the timeline.
+trainer's compute and judge plus what it waited on the timeline. :class:`VirtualDispatcher` gives the
+trainer the timeline's ``demand`` (executions queued or running at the step's start) instead of the
+table's 0, so that a backlog of late executions throttles new anchors as a real dispatcher's demand
+does (:meth:`wmrl.anchors.AnchorSelector.count`).
 """
 
 from __future__ import annotations
@@ -82,3 +85,21 @@ class VirtualTime:
         return {"compute": cost.compute, "judge": cost.judge, "work": work, "after": after,
                 "waited": clock.waited, "total": clock.end - clock.start, "groups": groups,
                 "clock": clock.to_json(), "late_pending": len(self.timeline.late_pending)}
+
+
+class VirtualDispatcher:
+    """The trainer's dispatcher (``run_task``, ``demand``, ``close``): executions from ``inner`` (the outcome
+    table), ``demand`` from the virtual clock ``time``."""
+
+    def __init__(self, inner: Any, time: VirtualTime):
+        self.inner, self.time = inner, time
+
+    def run_task(self, task: Any, code: str, run_timeout: Optional[float] = None) -> cf.Future:
+        return self.inner.run_task(task, code, run_timeout)
+
+    @property
+    def demand(self) -> int:
+        return self.time.timeline.demand()
+
+    def close(self) -> None:
+        self.inner.close()

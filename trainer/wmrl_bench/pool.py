@@ -15,6 +15,8 @@ its compute (``after`` seconds) and the step ends at ``W_k + waited + after``. A
 at the first later step whose check time (its wait point plus what it waited: where the trainer
 looks) is at or after the end of the group's last execution. With ``wait`` None (unbounded) no group
 is late and every step costs ``work + after + makespan``: :func:`wmrl_bench.cost.step_cost` exactly.
+:meth:`Timeline.demand` is what the trainer's anchor selector sees at a step's start, as a real
+dispatcher's ``demand``: the executions still queued or running (a backlog throttles new anchors).
 
 :func:`replay` runs recorded steps through a fresh timeline: the benchmark records every asynchronous
 step's ``work``, ``after`` and durations, so the clock of any run can be recomputed from its result.
@@ -39,6 +41,7 @@ class SlotPool:
         self.slots = slots
         self._free = [0.0] * slots  # when each slot is next free (a heap)
         self._last_submit = 0.0
+        self._ends: list[float] = []  # every placed execution's end (a heap; pruned by :meth:`busy`)
 
     def place(self, submit: float, duration: float) -> tuple[float, float]:
         """(start, end) of an execution submitted at ``submit`` that takes ``duration`` seconds."""
@@ -50,7 +53,15 @@ class SlotPool:
         free = heapq.heappop(self._free)
         start = max(submit, free)
         heapq.heappush(self._free, start + duration)
+        heapq.heappush(self._ends, start + duration)
         return start, start + duration
+
+    def busy(self, t: float) -> int:
+        """Executions placed and not finished by ``t`` (queued or running): the dispatcher's ``demand``. ``t``
+        must not go back in time between calls."""
+        while self._ends and self._ends[0] <= t + EPS:
+            heapq.heappop(self._ends)
+        return len(self._ends)
 
 
 @dataclass
@@ -123,6 +134,11 @@ class Timeline:
         clock.end = clock.check_time + after
         self.now = clock.end
         return clock
+
+    def demand(self) -> int:
+        """Executions queued or running when the current step starts (what the trainer's anchor selector sees as
+        the dispatcher's demand: a backlog of late executions throttles new anchors, as in a real run)."""
+        return self.pool.busy(self.now)
 
     @property
     def late_pending(self) -> list[Hashable]:
