@@ -104,7 +104,7 @@ def test_report_renders_the_asynchronous_arms_and_the_json_round_trips(tmp_path)
     table = md.read_text()
     assert "#### Asynchronous anchors (waitSeconds at [0.0, 0.25] of a synchronous wmrl step" in table
     token = data["async"]["slots"]["2"]["variants"]["token-w0"]
-    assert (f"| 2 | `token-w0` (late rewards, token IS) | 0.050 | 100% | 1.00 | 1.20 (5%) | "
+    assert (f"| 2 | `token-w0` (late rewards, token IS) | 0.050 | {token['steps_at_budget']:.1f} | 100% | 1.00 | 1.20 (5%) | "
             f"{token['final_reward']:.3f} +- 0.000 |") in table
     assert f"{token['speedup']:.2f}x |" in table
     assert "| 8 | `drop-w0` (late rewards dropped) |" in table and "not reached within the budget |" in table

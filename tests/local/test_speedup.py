@@ -84,7 +84,7 @@ def test_asynchronous_arms_are_judged_at_the_budget_against_the_best_real_config
     real = [_run("real", s, _climb(0.4, 0.02, 10, 0.01, rng), {"2": 10.0}, "real-a") for s in range(4)]
     wmrl = [_run("wmrl", s, _climb(0.4, 0.02, 15, 0.01, rng), {"2": 100.0 / 15}, "wmrl-x") for s in range(4)]
     fast = [_async_run("token-w0", s, _climb(0.4, 0.02, 25, 0.005, rng), 4.0) for s in range(4)]
-    flat = [_async_run("drop-w0", s, [0.4] * 26, 4.0) for s in range(4)]
+    flat = [{**_async_run("drop-w0", s, [0.4] * 21, 4.0), "stopped_by": "steps"} for s in range(4)]  # capped at 80 s
     target = float(np.mean([at_cost(r, "2", 100.0) for r in real]))
     summary = async_pool_summary(fast + flat, "2", 100.0, target, real, "real-a", wmrl)
     token, drop = summary["variants"]["token-w0"], summary["variants"]["drop-w0"]
@@ -95,6 +95,7 @@ def test_asynchronous_arms_are_judged_at_the_budget_against_the_best_real_config
                                "waited_per_step_s": 0.0, "importance_weight_mean": pytest.approx(0.9),
                                "truncated_share": pytest.approx(0.1)}
     assert drop["speedup"] is None and drop["time_to_target_s"] is None and not drop["beats_best_real"]  # censored
+    assert token["capped_before_budget"] == 0 and drop["capped_before_budget"] == 4  # 25 steps of 4 s: spent
     assert drop["checks"]["importance_weight_mean"] is None and drop["reach_rate"] == 0.0
     assert [t["name"] for t in summary["tests"]] == ["P2: async token-w0 vs real-a, reward at budget",
                                                      "P2: async drop-w0 vs real-a, reward at budget"]

@@ -68,6 +68,8 @@ def async_pool_summary(runs: Sequence[dict[str, Any]], pool: str, budget: float,
                      wait_s=first["wait_s"], speedup=(budget / t) if t else None,
                      beats_best_real=bool(entry["final_reward"] > target), checks=late_checks(rs))
         entry["speedup_per_seed"] = [budget / x if x else None for x in entry["time_to_target_s_per_seed"]]
+        # runs that reached their step cap before spending the budget: read at the cap, held there to the budget
+        entry["capped_before_budget"] = sum(r.get("stopped_by") == "steps" and r["cost_s"][pool] < budget for r in rs)
         versus = _paired(rs, best_real, pool, budget)
         entry["vs_best_real"] = mean_interval(versus, seed=seed)
         entry["vs_wmrl"] = mean_interval(_paired(rs, wmrl, pool, budget), seed=seed) if wmrl else None

@@ -233,22 +233,25 @@ def async_markdown(section: dict[str, Any]) -> str:
         return f"Asynchronous anchors: not measured{': ' + section['why'] if section.get('why') else ''}.\n"
     lines = [f"#### Asynchronous anchors (waitSeconds at {section['wait_fractions']} of a synchronous wmrl step; "
              f"importance ratio truncated at {section['clip_max']:g})\n",
-             "| P | arm | waitSeconds | late share | late groups trained / step | IS weight (truncated) | "
-             "reward at budget | - best real (t-interval) | time to target (s) | speedup vs best real |",
-             "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
+             "| P | arm | waitSeconds | steps at budget | late share | late groups trained / step | "
+             "IS weight (truncated) | reward at budget | - best real (t-interval) | time to target (s) | "
+             "speedup vs best real |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
     for p, pool in section["slots"].items():
         wmrl = pool.get("wmrl") or {}
         sync = "not reached" if wmrl.get("speedup") is None else f"{wmrl['speedup']:.2f}x"
         lines.append(f"| {p} | synchronous `{wmrl.get('config')}` (target {pool['target_reward']:.3f}, "
-                     f"`{pool['best_real']}`) | | | | | {_num(wmrl.get('final_reward'), '.3f')} | | | {sync} |")
+                     f"`{pool['best_real']}`) | | | | | | {_num(wmrl.get('final_reward'), '.3f')} | | | {sync} |")
         for name, arm in pool["variants"].items():
             checks = arm["checks"]
             weight = ("n/a" if checks["importance_weight_mean"] is None else
                       f"{checks['importance_weight_mean']:.2f} ({_num(checks['truncated_share'], '.0%')})")
             t = arm["time_to_target_s"]
             speed = "not reached within the budget" if t is None else ("at start" if t == 0 else f"{arm['speedup']:.2f}x")
+            capped = arm.get("capped_before_budget") or 0
+            steps = f"{arm['steps_at_budget']:.1f}" + (f" ({capped} of {len(arm['seeds'])} at the step cap)" if capped else "")
             lines.append(f"| {p} | `{name}` ({LATE_LABELS.get(arm['late'], arm['late'])}) | {arm['wait_s']:.3f} | "
-                         f"{_num(checks['late_share'], '.0%')} | {_num(checks['late_trained_per_step'], '.2f')} | "
+                         f"{steps} | {_num(checks['late_share'], '.0%')} | {_num(checks['late_trained_per_step'], '.2f')} | "
                          f"{weight} | {arm['final_reward']:.3f} +- {arm['final_reward_std']:.3f} | "
                          f"{_interval(arm.get('vs_best_real'))} | {_fmt(t, 1)} | {speed} |")
     lines.append("")
