@@ -56,6 +56,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(("trajectories",), "wmrl_trainer.trajectories_cli",
             "print or filter a run's trajectory logs (spec.logging.trajectories)"),
     Command(("report",), "wmrl_bench.report", "render a speedup results JSON as a plot and a Markdown table"),
+    Command(("eval", "world-model"), "wmrl_trainer.fidelity.cli",
+            "measure a world model on fidelity cases: status@1/@2, reward error, confusion, reliability"),
 )
 
 

@@ -1,7 +1,8 @@
 """The grading subprocess: one submission scored by a collection task's grader, in its own process.
 
 ``python -m wmrl.grade_worker JOB.json`` limits its own memory (address space) and CPU time first,
-then reads the submission and answers with pandas and runs the grader the job names (see
+then reads the submission and answers with pandas (JSON lines answers as MLE-bench reads them:
+:mod:`wmrl.answers_file`) and runs the grader the job names (see
 :class:`wmrl.collection_tasks.GraderSpec`). It writes ``{"score": x}``, ``{"invalid": reason}`` (the
 submission's fault: ran_no_sub) or ``{"grader_error": reason}`` (the task's fault) to the job's
 ``result`` path; anything the grader prints goes to stderr. A grader that raises on a submission
@@ -116,9 +117,12 @@ def grade_job(job: dict) -> dict:
 
     from wmrl.task_metrics import SubmissionError, score_submission
 
+    from wmrl.answers_file import read_answers
+
     spec = job["grader"]
     try:
-        answers = pd.read_csv(job["answers"], float_precision="round_trip")
+        # A DataFrame, or for MLE-bench's JSON lines answers the list of dicts its grade_fn expects.
+        answers = read_answers(Path(job["answers"]), as_frame=spec["kind"] != "python")
     except Exception as exc:
         return {"grader_error": f"cannot read the answers {job['answers']}: {_short(exc)}"}
     try:

@@ -22,13 +22,15 @@ they fit several or none. Every problem is a :class:`TaskFormatError` naming the
 from __future__ import annotations
 
 import ast
-import csv
 import importlib.util
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
 import yaml
 
+from wmrl import answers_file
+from wmrl.answers_file import AnswersError
 from wmrl.collection_tasks import CollectionTask, GraderSpec, PublicFiles
 from wmrl.leaderboards import Leaderboard, direction, read_leaderboard
 from wmrl.task_metrics import canonical_metric, known_metric_names, metric_info
@@ -139,21 +141,9 @@ def detect_format(root: Path, competitions_dir: Optional[Path] = None, names: Op
 
 def _csv_header(path: Path, where: str) -> list[str]:
     try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:
-            header = next(csv.reader(handle), None)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TaskFormatError(f"{where}: cannot read {path}: {exc}") from exc
-    if not header:
-        raise TaskFormatError(f"{where}: {path} is empty")
-    return [h.strip() for h in header]
-
-
-def _csv_ids(path: Path, column: str, where: str) -> list[str]:
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle)
-        header = [h.strip() for h in next(reader)]
-        i = header.index(column)
-        return [row[i].strip() for row in reader if row and len(row) > i]
+        return answers_file.csv_header(path)
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
 
 
 def _require_file(path: Path, what: str, where: str) -> Path:
@@ -162,17 +152,33 @@ def _require_file(path: Path, what: str, where: str) -> Path:
     return path
 
 
+def _public_entries(public: Path):
+    """Every file and link under ``public``, at any depth (links are not followed into directories)."""
+    for base, dirs, files in os.walk(public):
+        dirs.sort()
+        for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
+            yield Path(base, name)
+
+
 def _check_public(public: Path, answers: Path, where: str) -> None:
-    """No answers or standings among the public files (top level; their size compared before bytes)."""
+    """No answers or standings anywhere under the public directory: no file named like one, no byte copy
+    of the answers (sizes compared before bytes), no link to the answers or into their directory."""
     if not public.is_dir():
         raise TaskFormatError(f"{where}: no public data directory {public}")
+    answers_real = answers.resolve()
+    # The answers' folder is private too, unless the public directory lies inside it.
+    private = answers_real.parent if answers_real.parent not in public.resolve().parents else None
     answers_size = answers.stat().st_size
     answers_bytes: Optional[bytes] = None
-    for entry in sorted(public.iterdir()):
-        if not entry.is_file():
-            continue
+    for entry in _public_entries(public):
         if entry.name.lower() in PRIVATE_NAMES:
             raise TaskFormatError(f"{where}: private file {entry} is under public/ (solutions would see it)")
+        if entry.is_symlink():
+            target = entry.resolve()
+            if target == answers_real or private is not None and (target == private or private in target.parents):
+                raise TaskFormatError(f"{where}: {entry} is a link to the private {target} (private file under public/)")
+        if not entry.is_file():
+            continue
         if entry.stat().st_size == answers_size:
             answers_bytes = answers.read_bytes() if answers_bytes is None else answers_bytes
             if entry.read_bytes() == answers_bytes:
@@ -180,11 +186,18 @@ def _check_public(public: Path, answers: Path, where: str) -> None:
 
 
 def _check_sample_ids(sample: Path, answers: Path, id_column: str, where: str) -> None:
-    answer_header = _csv_header(answers, where)
+    try:
+        answer_header = answers_file.columns(answers)
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
     if id_column not in answer_header:
         raise TaskFormatError(f"{where}: sample submission {sample} does not match the answers {answers}: its id "
                               f"column {id_column!r} is not among the answers' columns {answer_header[:8]}")
-    sample_ids, answer_ids = _csv_ids(sample, id_column, where), _csv_ids(answers, id_column, where)
+    try:
+        answer_ids = answers_file.ids(answers, id_column)
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
+    sample_ids = answers_file.csv_column(sample, id_column)
     if sorted(sample_ids) != sorted(answer_ids):
         raise TaskFormatError(f"{where}: sample submission {sample} does not match the answers {answers}: "
                               f"{len(sample_ids)} rows against {len(answer_ids)}, "
@@ -194,7 +207,10 @@ def _check_sample_ids(sample: Path, answers: Path, id_column: str, where: str) -
 def _builtin_columns(metric: str, sample: Path, answers: Path, id_column: str, where: str) -> tuple[tuple, tuple]:
     """(answer value columns, submission value columns) for a built-in metric; mismatches are errors."""
     sample_cols = [c for c in _csv_header(sample, where) if c != id_column]
-    answer_cols = [c for c in _csv_header(answers, where) if c != id_column]
+    try:
+        answer_cols = [c for c in answers_file.columns(answers) if c != id_column]
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
     if not sample_cols:
         raise TaskFormatError(f"{where}: sample submission {sample} has no value column besides {id_column!r}")
     if set(sample_cols) <= set(answer_cols):
@@ -265,7 +281,15 @@ def _task(name: str, fmt: str, root: Path, public: Path, answers: Path, sample: 
     else:
         sample_cols = tuple(c for c in _csv_header(sample, where) if c != id_column)
         answer_cols = sample_cols
-    _check_sample_ids(sample, answers, id_column, where)
+    try:
+        answers_file.check_suffix(answers)
+    except AnswersError as exc:
+        raise TaskFormatError(f"{where}: {exc}") from exc
+    if grader.kind == "builtin" or not answers_file.is_jsonl(answers):
+        # JSON lines answers hold what their own grader needs (MLE-bench's tensorflow2-question-answering: one
+        # record per example, two submission rows each): that grader alone can match them to a submission,
+        # and `wmrl tasks check` has it grade the sample submission.
+        _check_sample_ids(sample, answers, id_column, where)
     _check_public(public, answers, where)
     return CollectionTask(
         name=name, description=description, kind=_kind(metric), metric=metric or grader.describe(),

@@ -69,10 +69,12 @@ def e2e_operator(k8s_cluster, real_node, e2e_images, runs_namespace, tmp_path_fa
     # Earlier tests apply the same CRD with kubectl (client-side); Helm 4 installs a chart's CRDs by
     # server-side apply, which refuses the fields kubectl owns unless told to take them over.
     res = k8s_cluster.helm("install", RELEASE, str(CHART), "-n", SYSTEM_NS, "-f", str(path), "--wait",
-                           "--force-conflicts", "--timeout", "300s", check=False)
-    if res.returncode != 0:
+                           "--force-conflicts", "--timeout", "300s", check=False, timeout=420)
+    if res.returncode != 0:  # helm's own timeout comes first, so it says what it waited for
         raise AssertionError(f"helm install failed:\n{res.stdout}\n{res.stderr}\n"
-                             + describe(k8s_cluster, SYSTEM_NS, "pods"))
+                             + describe(k8s_cluster, SYSTEM_NS, "pods")
+                             + k8s_cluster.kubectl("get", "events", "-n", SYSTEM_NS, "--sort-by=.lastTimestamp",
+                                                   check=False).stdout)
     yield {"release": RELEASE, "namespace": SYSTEM_NS}
     k8s_cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "120s", check=False)
     k8s_cluster.kubectl("delete", "namespace", SYSTEM_NS, "--wait=false", check=False)

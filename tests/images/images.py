@@ -335,6 +335,21 @@ def image_key(spec: ImageSpec, base: Built, repo: Path = REPO) -> str:
     return image_keys.image_key(spec, (repo / spec.dockerfile).read_text(), context_files(spec, repo), base.image_id)
 
 
+# What a full build of each image needs free under the images directory, measured with some margin:
+# pip's downloads and the unpacked wheels, the new layers, then the docker-archive tarball.
+BUILD_SPACE_GIB = {"trainer": 30, "trainer-cpu": 16}
+DEFAULT_BUILD_SPACE_GIB = 3
+
+
+def check_free_space(directory: Path, name: str) -> None:
+    """Refuse to start a build that would fill the disk halfway (pip's ENOSPC says nothing of why)."""
+    need = BUILD_SPACE_GIB.get(name, DEFAULT_BUILD_SPACE_GIB)
+    free = shutil.disk_usage(directory).free / 2**30
+    if free < need:
+        raise RuntimeError(f"images: {free:.1f} GiB free under {directory}; building {name} needs about {need} GiB "
+                           f"(downloads, layers and the tarball). Free some space or point WMRL_CACHE elsewhere.")
+
+
 def ensure_image(buildah: Buildah, spec: ImageSpec, base: Built, directory: Path, repo: Path = REPO) -> Built:
     key = image_key(spec, base, repo)
     record = read_record(directory, spec.name)
@@ -343,6 +358,9 @@ def ensure_image(buildah: Buildah, spec: ImageSpec, base: Built, directory: Path
     log = directory / "logs" / f"{spec.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
+    for old in directory.glob(f"{spec.name}-*.tar"):
+        old.unlink()  # an earlier key's tarball, superseded whatever the build's outcome: its space first
+    check_free_space(directory, spec.name)
     _say(f"building {spec.ref} from {spec.dockerfile} (log {log})")
     started = time.monotonic()
     buildah.bud(repo, repo / spec.dockerfile, spec.ref, {spec.base_arg: base.ref, **spec.build_args}, log)

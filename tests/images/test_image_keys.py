@@ -148,3 +148,11 @@ def test_the_cpu_trainer_keeps_the_dockerfile_defaults_for_the_published_trainer
     assert cpu.build_args["EXTRAS"] == "train" and "torch" not in cpu.build_args["PRUNE"].split()
     assert dict(gpu.build_args) == {}  # the Dockerfile's defaults: train,gpu, nothing pruned
     assert all(spec.ref.startswith("docker.io/wmrl/") for spec in IMAGES.values())
+
+
+def test_a_build_that_would_fill_the_disk_is_refused_naming_the_space(tmp_path, monkeypatch):
+    import images
+    monkeypatch.setitem(images.BUILD_SPACE_GIB, "huge", 10**9)  # more than any disk has
+    with pytest.raises(RuntimeError, match=r"GiB free under .*building huge needs about 1000000000 GiB"):
+        images.check_free_space(tmp_path, "huge")
+    images.check_free_space(tmp_path, "tiny-image-with-no-estimate")  # the 3 GiB default: this disk has it

@@ -57,6 +57,8 @@ def test_cel_rules_and_immutability():
     assert late["fieldPath"] == ".lateRewards.enabled" and "has(self.waitSeconds)" in late["rule"]
     assert spec["algorithm"]["properties"]["maxTurns"]["maximum"] == 8
     assert spec["tasks"]["x-kubernetes-validations"]
+    [scripts] = spec["policy"]["x-kubernetes-validations"]
+    assert scripts["fieldPath"] == ".scripts" and "builtin:fixed-scripts" in scripts["rule"]
 
 
 def test_status_subresource_printer_columns_and_progress_preserved():

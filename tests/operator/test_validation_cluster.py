@@ -23,6 +23,8 @@ def merged(base, patch):
     return out
 
 
+_EXAMPLE = {"task": "t", "code": "print(x)", "status": "runtime_err", "errorType": "NameError", "errorLine": 1}
+
 # (id, spec patch, field the error must name)
 BAD = [
     ("unknown-mode", {"mode": "magic"}, "spec.mode"),
@@ -73,6 +75,18 @@ BAD = [
     ("nodes-without-shared-checkpoints", {"trainer": {"nodes": 2}}, "spec.trainer.checkpoint.claimName"),
     ("unknown-strategy", {"trainer": {"strategy": "zero3"}}, "spec.trainer.strategy"),
     ("unknown-cgroups-mode", {"sandbox": {"cgroups": "sometimes"}}, "spec.sandbox.cgroups"),
+    ("fixed-scripts-without-scripts", {"policy": {"model": "builtin:fixed-scripts"}}, "spec.policy.scripts"),
+    ("scripts-without-fixed-scripts", {"policy": {"scripts": "/tasks/smoke"}}, "spec.policy.scripts"),
+    ("few-shot-learned", {"worldModel": {"backend": "learned", "fewShot": {"path": "/tasks/few-shot.jsonl"}}},
+     "spec.worldModel.fewShot"),
+    ("few-shot-path-and-examples", {"worldModel": {"fewShot": {"path": "/x", "examples": [_EXAMPLE]}}},
+     "spec.worldModel.fewShot"),
+    ("few-shot-valid-without-bucket",
+     {"worldModel": {"fewShot": {"examples": [{"task": "t", "code": "x = 1", "status": "valid"}]}}},
+     "spec.worldModel.fewShot.examples"),
+    ("few-shot-17-examples", {"worldModel": {"fewShot": {"examples": [_EXAMPLE] * 17}}},
+     "spec.worldModel.fewShot.examples"),
+    ("case-window-0", {"logging": {"cases": {"window": 0}}}, "spec.logging.cases.window"),
 ]
 
 # (id, spec patch): edge cases both validators accept.
@@ -87,8 +101,12 @@ GOOD = [
                                        "checkpoint": {"claimName": "shared"}}}),
     ("cpu-trainer-any-batch", {"algorithm": {"groupSize": 3, "groupsPerStep": 1}, "trainer": {"gpusPerNode": 0}}),
     # The rollout server's GPUs are its own: its tensor-parallel size need not divide the trainer's.
+    ("fixed-scripts-smoke-run", {"policy": {"model": "builtin:fixed-scripts", "scripts": "/tasks/smoke"}}),
     ("rollout-server-tp-3", {"policy": {"rolloutEngine": "vllm", "vllmMode": "server", "vllmTensorParallelSize": 3},
                              "trainer": {"gpusPerNode": 8}}),
+    ("few-shot-inline", {"worldModel": {"fewShot": {"examples": [
+        _EXAMPLE, {"task": "t", "code": "x = 1", "status": "valid", "qualityBucket": "high", "feedback": "ok"}]}}}),
+    ("cases-off", {"logging": {"cases": {"enabled": False}}}),
 ]
 
 

@@ -9,6 +9,7 @@ with a correct, a poor and an invalid submission.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,9 +75,9 @@ def grade(submission: pd.DataFrame, answers: pd.DataFrame) -> float:
 """
 
 
-def spaceship_mlebench(base: Path, split: bool) -> Built:
+def spaceship_mlebench(base: Path, split: bool, name: str = "spaceship-titanic", seed: int = 1) -> Built:
     """Binary True/False labels, accuracy, MLE-bench layout; ``split``: definitions in an mlebench source tree."""
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     n_train, n_test = 200, 80
     ids = [f"{i:04d}_01" for i in range(n_train + n_test)]
     x = rng.normal(size=n_train + n_test)
@@ -85,7 +86,7 @@ def spaceship_mlebench(base: Path, split: bool) -> Built:
     test = pd.DataFrame({"PassengerId": ids[n_train:], "Age": x[n_train:]})
     answers = pd.DataFrame({"PassengerId": ids[n_train:], "Transported": y[n_train:]})
     data_dir = base / "data"
-    prepared = data_dir / "spaceship-titanic" / "prepared"
+    prepared = data_dir / name / "prepared"
     _csv(prepared / "public" / "train.csv", train)
     _csv(prepared / "public" / "test.csv", test)
     _csv(prepared / "public" / "sample_submission.csv", answers.assign(Transported=False))
@@ -96,24 +97,24 @@ def spaceship_mlebench(base: Path, split: bool) -> Built:
         _write(source / "mlebench" / "__init__.py", "")
         _write(source / "mlebench" / "grade_helpers.py", MLEBENCH_GRADE_HELPERS)
         _write(source / "mlebench" / "competitions" / "__init__.py", "")
-        definitions = source / "mlebench" / "competitions" / "spaceship-titanic"
+        definitions = source / "mlebench" / "competitions" / name
         competitions_dir = definitions.parent
     else:  # one folder per competition holding both; a grade.py without mlebench imports
-        definitions = data_dir / "spaceship-titanic"
+        definitions = data_dir / name
         competitions_dir = None
-    _write(definitions / "config.yaml", """
-        id: spaceship-titanic
+    _write(definitions / "config.yaml", f"""
+        id: {name}
         name: Spaceship Titanic
         competition_type: simple
         awards_medals: false
-        description: mlebench/competitions/spaceship-titanic/description.md
+        description: mlebench/competitions/{name}/description.md
         dataset:
-          answers: spaceship-titanic/prepared/private/test.csv
-          sample_submission: spaceship-titanic/prepared/public/sample_submission.csv
+          answers: {name}/prepared/private/test.csv
+          sample_submission: {name}/prepared/public/sample_submission.csv
         grader:
           name: accuracy
-          grade_fn: mlebench.competitions.spaceship-titanic.grade:grade
-        preparer: mlebench.competitions.spaceship-titanic.prepare:prepare
+          grade_fn: mlebench.competitions.{name}.grade:grade
+        preparer: mlebench.competitions.{name}.prepare:prepare
         """)
     grade_py = SPACESHIP_GRADE if split else SPACESHIP_GRADE.replace(
         "from mlebench.grade_helpers import InvalidSubmissionError", "class InvalidSubmissionError(Exception):\n    pass")
@@ -125,7 +126,7 @@ def spaceship_mlebench(base: Path, split: bool) -> Built:
     correct = answers.copy()
     poor = answers.assign(Transported=~answers["Transported"])
     invalid = answers.rename(columns={"Transported": "Label"})
-    return Built(data_dir, "spaceship-titanic", correct, poor, invalid, competitions_dir)
+    return Built(data_dir, name, correct, poor, invalid, competitions_dir)
 
 
 # --------------------------------------------------------------------------- MLE-Dojo: multi-class log-loss
@@ -331,3 +332,132 @@ def santander_dsbench(base: Path) -> Built:
     correct = answers.assign(target=answers["target"] * 0.8 + 0.1)
     poor = answers.assign(target=rng.uniform(size=len(answers)))
     return Built(root, name, correct, poor, answers.drop(columns=["target"]))
+
+
+# --------------------------------------------------------------------------- MLE-bench: answers as JSON lines
+
+
+QA_GRADE = """
+import pandas as pd
+
+
+class InvalidSubmissionError(Exception):
+    pass
+
+
+def grade(submission: pd.DataFrame, answers: list) -> float:
+    # Like MLE-bench's tensorflow2-question-answering: answers is a list of dicts (one per example), the
+    # submission holds two rows per example (<id>_long, <id>_short).
+    if not isinstance(answers, list) or not all(isinstance(a, dict) for a in answers):
+        raise TypeError(f"answers should be the JSON lines' list of dicts, got {type(answers).__name__}")
+    expected = {f"{a['example_id']}_{part}" for a in answers for part in ("long", "short")}
+    if {"example_id", "PredictionString"} - set(submission.columns):
+        raise InvalidSubmissionError("submission needs example_id and PredictionString columns")
+    if set(submission["example_id"]) != expected or len(submission) != len(expected):
+        raise InvalidSubmissionError("example_ids do not match the answers'")
+    predicted = dict(zip(submission["example_id"], submission["PredictionString"].fillna("").astype(str)))
+    hits = [predicted[f"{a['example_id']}_long"] == a["long"] and predicted[f"{a['example_id']}_short"] == a["short"]
+            for a in answers]
+    return sum(hits) / len(hits)
+"""
+
+
+def qa_jsonl_mlebench(base: Path) -> Built:
+    """MLE-bench layout whose ``dataset.answers`` is a ``.jsonl`` read by the competition's own grade.py as a
+    list of dicts, with two submission rows per answer record (so ids cannot be matched without it)."""
+    rng = np.random.default_rng(7)
+    n_train, n_test = 60, 30
+    examples = [f"e{i}" for i in range(n_train + n_test)]
+    longs = [f"{s}:{s + int(rng.integers(5, 50))}" for s in rng.integers(0, 500, size=len(examples))]
+    shorts = list(rng.choice(["YES", "NO", ""], size=len(examples)))
+    data_dir = base / "data"
+    prepared = data_dir / "qa-lite" / "prepared"
+    (prepared / "public").mkdir(parents=True, exist_ok=True)
+    (prepared / "private").mkdir(parents=True, exist_ok=True)
+    with open(prepared / "public" / "train.jsonl", "w") as fh:
+        for e, lo, sh in zip(examples[:n_train], longs, shorts):
+            fh.write(json.dumps({"example_id": e, "long": lo, "short": sh}) + "\n")
+    answers = [{"example_id": e, "long": lo, "short": sh}
+               for e, lo, sh in zip(examples[n_train:], longs[n_train:], shorts[n_train:])]
+    with open(prepared / "private" / "test.jsonl", "w") as fh:
+        fh.write("".join(json.dumps(a) + "\n" for a in answers) + "\n")  # a trailing blank line
+    rows = [(f"{a['example_id']}_{part}", a[part]) for a in answers for part in ("long", "short")]
+    correct = pd.DataFrame(rows, columns=["example_id", "PredictionString"])
+    _csv(prepared / "public" / "sample_submission.csv", correct.assign(PredictionString=""))
+    _write(prepared / "public" / "description.md", "# QA lite\nPredict the long and short answers.\n")
+    definitions = data_dir / "qa-lite"
+    _write(definitions / "config.yaml", """
+        id: qa-lite
+        name: QA lite
+        competition_type: code
+        awards_medals: true
+        dataset:
+          answers: qa-lite/prepared/private/test.jsonl
+          sample_submission: qa-lite/prepared/public/sample_submission.csv
+        grader:
+          name: exact-match
+          grade_fn: mlebench.competitions.qa-lite.grade:grade
+        """)
+    _write(definitions / "grade.py", QA_GRADE)
+    _write(definitions / "description.md", "# QA lite\nPredict the long and short answers.\n")
+    scores = np.round(np.linspace(0.9, 0.0, 30), 5)
+    _csv(definitions / "leaderboard.csv", pd.DataFrame({"teamId": range(30), "score": scores}))
+    half = correct.copy()
+    half.loc[half["example_id"].str.endswith("_short"), "PredictionString"] = "NOPE"  # every example missed
+    invalid = correct.iloc[:-2]
+    return Built(data_dir, "qa-lite", correct, half, invalid)
+
+
+def labels_jsonl_mlebench(base: Path) -> Built:
+    """MLE-bench layout, no grade.py: the built-in ``accuracy`` (grader.name) on ``.jsonl`` answers."""
+    built = spaceship_mlebench(base, split=False)
+    competition = built.root / built.name
+    (competition / "grade.py").unlink()
+    answers_csv = competition / "prepared" / "private" / "test.csv"
+    frame = pd.read_csv(answers_csv)
+    answers_csv.unlink()
+    frame.to_json(competition / "prepared" / "private" / "test.jsonl", orient="records", lines=True)
+    config = competition / "config.yaml"
+    config.write_text(config.read_text().replace("private/test.csv", "private/test.jsonl"))
+    return built
+
+
+# --------------------------------------------------------------------------- scripts for builtin:fixed-scripts
+
+# Solutions any competition shaped like spaceship_mlebench's accepts (an id column, numeric features, a
+# label column named by the sample submission): what the smoke-run policy samples from, since the demo
+# policy writes only numpy scripts for `id,f0..,target` CSVs. One per rung of the reward ladder.
+SMOKE_SCRIPTS = {
+    "a_logistic.py": """
+        import pandas as pd
+        from sklearn.linear_model import LogisticRegression
+
+        train = pd.read_csv('data/train.csv')
+        test = pd.read_csv('data/test.csv')
+        sample = pd.read_csv('data/sample_submission.csv')
+        id_col, label = sample.columns[0], sample.columns[1]
+        features = [c for c in test.columns if c != id_col and pd.api.types.is_numeric_dtype(test[c])]
+        model = LogisticRegression().fit(train[features], train[label])
+        pd.DataFrame({id_col: test[id_col], label: model.predict(test[features])}).to_csv('submission.csv', index=False)
+        """,
+    "b_sample.py": """
+        import shutil
+        shutil.copy('data/sample_submission.csv', 'submission.csv')
+        """,
+    "c_wrong_columns.py": """
+        import pandas as pd
+        sample = pd.read_csv('data/sample_submission.csv')
+        sample.rename(columns={sample.columns[1]: 'prediction'}).to_csv('submission.csv', index=False)
+        """,
+    "d_crash.py": """
+        import pandas as pd
+        train = pd.read_csv('data/train.csv')
+        print(train['no_such_column'].mean())
+        """,
+}
+
+
+def write_smoke_scripts(directory: Path) -> Path:
+    for name, source in SMOKE_SCRIPTS.items():
+        _write(directory / name, source.lstrip("\n"))
+    return directory

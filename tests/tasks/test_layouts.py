@@ -115,8 +115,57 @@ def _bad_mlebench_answers(tmp_path):
     return built, r"task spaceship-titanic: no answers \(dataset.answers in .*config.yaml\)"
 
 
+def _bad_nested_private_file(tmp_path):
+    built = cf.bikes_rmsle(tmp_path)
+    nested = tmp_path / built.name / "data" / "public" / "extra" / "deep" / "test_answer.csv"
+    nested.parent.mkdir(parents=True)
+    nested.write_text("datetime,count\n")
+    return built, r"task bike-sharing-demand: private file .*public/extra/deep/test_answer.csv is under public/"
+
+
+def _bad_nested_copy_of_the_answers(tmp_path):
+    built = cf.leaf_mledojo(tmp_path)
+    private = built.root / built.name / "data" / "private" / "test_answer.csv"
+    nested = built.root / built.name / "data" / "public" / "images" / "meta" / "index.csv"
+    nested.parent.mkdir(parents=True)
+    nested.write_bytes(private.read_bytes())
+    return built, r"task leaf-classification: .*public/images/meta/index.csv is a copy of the answers"
+
+
+def _bad_link_to_the_answers(tmp_path):
+    built = cf.spaceship_mlebench(tmp_path, split=False)
+    public = built.root / built.name / "prepared" / "public"
+    (public / "sub").mkdir()
+    (public / "sub" / "extra.csv").symlink_to("../../private/test.csv")
+    return built, r"task spaceship-titanic: .*public/sub/extra.csv is a link to the private .*private/test.csv"
+
+
+def _bad_link_to_the_private_folder(tmp_path):
+    built = cf.bikes_rmsle(tmp_path)
+    public = built.root / built.name / "data" / "public"
+    (public / "more").symlink_to(built.root / built.name / "data" / "private")
+    return built, r"task bike-sharing-demand: .*public/more is a link to the private .*data/private"
+
+
+def _bad_answers_format(tmp_path):
+    built = cf.spaceship_mlebench(tmp_path, split=False)
+    competition = built.root / built.name
+    (competition / "prepared" / "private" / "test.csv").rename(competition / "prepared" / "private" / "test.parquet")
+    config = competition / "config.yaml"
+    config.write_text(config.read_text().replace("private/test.csv", "private/test.parquet"))
+    return built, r"task spaceship-titanic: answers .*test.parquet: unsupported format '.parquet'"
+
+
+def _bad_jsonl_answers(tmp_path):
+    built = cf.labels_jsonl_mlebench(tmp_path)
+    answers = built.root / built.name / "prepared" / "private" / "test.jsonl"
+    answers.write_text(answers.read_text() + "[1, 2]\n")
+    return built, r"task spaceship-titanic: answers .*test.jsonl: line 81 is a list, not a JSON object"
+
+
 BAD = [_bad_no_answers, _bad_unknown_metric, _bad_empty_leaderboard, _bad_sample, _bad_private_under_public,
-       _bad_mlebench_answers]
+       _bad_mlebench_answers, _bad_nested_private_file, _bad_nested_copy_of_the_answers, _bad_link_to_the_answers,
+       _bad_link_to_the_private_folder, _bad_answers_format, _bad_jsonl_answers]
 
 
 @pytest.mark.parametrize("make", BAD, ids=lambda f: f.__name__[5:])

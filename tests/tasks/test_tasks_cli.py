@@ -28,6 +28,8 @@ BUILDERS = {
     "normalised-text-f1": cf.tweets_text,
     "normalised-own-grade-py": cf.own_grade,
     "dsbench-auc": cf.santander_dsbench,
+    "mlebench-jsonl-answers-own-grade": cf.qa_jsonl_mlebench,
+    "mlebench-jsonl-answers-builtin": cf.labels_jsonl_mlebench,
 }
 
 

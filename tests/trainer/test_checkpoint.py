@@ -104,7 +104,8 @@ def _state(root: Path, step: int) -> dict:
     wmrl_state = json.loads((directory / "wmrl_state.json").read_text())
     trainer_state = json.loads((directory / "trainer_state.json").read_text())
     return {"params": load_file(directory / "model.safetensors"), "selector": wmrl_state["selector"],
-            "calibration": wmrl_state["calibration"], "step": trainer_state["global_step"]}
+            "calibration": wmrl_state["calibration"], "step": trainer_state["global_step"],
+            "fidelity": wmrl_state["fidelity"]}
 
 
 @pytest.mark.slow
@@ -152,6 +153,7 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
     for state in (a, b):  # the runs have different names, hence different trainer ids
         state["calibration"]["state"].pop("recentBatches")
     assert a["calibration"] == b["calibration"]  # the same rollouts were sampled, executed and graded
+    assert a["fidelity"] == b["fidelity"] and a["fidelity"]["recorded"] == len(a["fidelity"]["window"]) > 0
     assert a["params"].keys() == b["params"].keys()
     # The resumed run computes with weights and optimizer state read back from files (other
     # buffers, other alignment), where a BLAS may round differently: weights are compared to

@@ -212,3 +212,50 @@ def test_an_endpoint_that_goes_down_after_the_probe_leaves_rows_ungraded():
     assert outcomes == [None] * 8 and wm.stats["failed"] == 8
     assert wm.stats["retries"] == 8 * 3  # the client counts each failed attempt: 1 + 2 retries
     assert_every_row_accounted_for(wm, outcomes, 8)
+
+
+def test_the_fidelity_command_measures_real_vllm_with_and_without_few_shot(vllm_server, vllm_build, tmp_path):
+    """`wmrl eval world-model` against the real server: two arms, every case accounted for (graded, or
+    ungraded with a counted reason), and the report's figures are those of its own per-case predictions.
+    (tests/trainer/test_fidelity_command.py computes the figures by hand against a scripted stand-in.)"""
+    import subprocess
+
+    from wmrl.outcome import Outcome, Status
+    from wmrl_trainer.fidelity.cases import case_json
+
+    reals = [Outcome(status=Status.VALID, rank_score=0.6), Outcome(status=Status.RAN_NO_SUB),
+             Outcome(status=Status.RUNTIME_ERR, error_type="NameError", error_line=5),
+             Outcome(status=Status.RUNTIME_ERR, error_type="ValueError", error_line=3)]
+
+    def write(path, prefix):
+        items = harness.world_model_items(4)
+        path.write_text("".join(json.dumps(case_json(task, prefix + code, real)) + "\n"
+                                for (task, code), real in zip(items, reals)))
+        return path
+
+    cases, earlier = write(tmp_path / "cases.jsonl", ""), write(tmp_path / "earlier.jsonl", "# earlier\n")
+    # maxTokens 512 and 2 examples: the prompt with its examples and the answer fit the tiny model's 4096 positions.
+    spec = json.dumps({"backend": "llm", "endpoint": vllm_server.base_url, "model": str(vllm_build.model),
+                       "timeoutSeconds": 300, "sampling": {"maxTokens": 512}})
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "eval", "world-model", "--cases", str(cases),
+                           "--world-model", spec, "--few-shot", str(tmp_path / "few-shot.jsonl"), "--few-shot-from",
+                           str(earlier), "--few-shot-max", "2", "--concurrency", "4", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "fidelity.json").read_text())
+    assert [arm["name"] for arm in report["arms"]] == ["without few-shot", "with few-shot"]
+    for arm in report["arms"]:
+        s, stats = arm["summary"], arm["stats"]
+        assert s["cases"] == 4 and s["graded"] + s["ungraded"] == 4 and s["gated"] == 0
+        assert sum(stats.get(r, 0) for r in UNGRADED_REASONS) == s["ungraded"], stats
+        assert stats.get("http_error", 0) == 0, stats  # no prompt over the model's context
+        rows = [json.loads(line) for line in (tmp_path / "out" / arm["predictions"]).read_text().splitlines()]
+        graded = [r for r in rows if r["predictions"]]
+        assert len(graded) == s["graded"]
+        if graded:
+            hits = [r["real"]["status"] in [p["status"] for p in r["predictions"][:k]] for k in (1, 2) for r in graded]
+            assert s["status_at_1"] == pytest.approx(sum(hits[:len(graded)]) / len(graded))
+            assert s["status_at_2"] == pytest.approx(sum(hits[len(graded):]) / len(graded))
+            assert s["status_at_2"] >= s["status_at_1"]
+        assert s["latency"]["cases"] == 4 and s["latency"]["p50"] > 0
+    assert (tmp_path / "out" / "confusion.png").is_file() and (tmp_path / "few-shot.jsonl").is_file()

@@ -31,6 +31,7 @@ from wmrl.tasks import Task
 from wmrl_sandbox.dispatcher import EndpointSliceEndpoints, SandboxDispatcher, StaticEndpoints
 from wmrl_trainer.distributed import World
 from wmrl_trainer.evaluation import HeldOutEvaluator
+from wmrl_trainer.fidelity.recorder import CaseRecorder
 from wmrl_trainer.loop import WMRLStep
 from wmrl_trainer.policy import load_policy
 from wmrl_trainer.progress import ProgressReporter, StatusPatcher, Totals, TrainerMetrics
@@ -54,9 +55,13 @@ def build_dispatcher(config: RunConfig) -> Any:
         endpoints = EndpointSliceEndpoints(config.metadata.namespace, runtime.sandbox_service, runtime.sandbox_port)
     else:
         raise ValueError("runtime: set sandboxUrls or sandboxService (the mode needs real execution)")
-    tasks_dir = (runtime.tasks_dir or "/tasks") if runtime.sandbox_mounts_tasks else None
     return SandboxDispatcher(endpoints, slots_per_pod=sandbox.slots_per_pod, timeout=sandbox.timeout_seconds,
-                             tasks_dir=tasks_dir)
+                             tasks_dir=mounted_tasks_dir(runtime))
+
+
+def mounted_tasks_dir(runtime: Any) -> Optional[str]:
+    """Where this process sees the tasks directory that the sandboxes mount too (None: they mount none)."""
+    return (runtime.tasks_dir or "/tasks") if runtime.sandbox_mounts_tasks else None
 
 
 def build_calibration(config: RunConfig) -> Any:
@@ -264,10 +269,11 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading and mode is Mode.WMRL:
         a = alg.anchors
         selector = AnchorSelector(a.fraction, a.min_per_step, a.max_concurrent, alg.seed)
-    if spec.policy.model in ("builtin:tiny-coder", "builtin:tiny-coder-wide") and alg.max_turns > 1:
+    if spec.policy.model in ("builtin:tiny-coder", "builtin:tiny-coder-wide", "builtin:fixed-scripts") \
+            and alg.max_turns > 1:
         raise ValueError(f"spec.algorithm.maxTurns: {spec.policy.model} writes one script and cannot read feedback; "
                          "set maxTurns: 1, or use builtin:tiny-coder-multiturn")
-    model, tokenizer = policy if policy is not None else load_policy(spec.policy.model)
+    model, tokenizer = policy if policy is not None else load_policy(spec.policy.model, scripts=spec.policy.scripts)
     initial = "initial-policy" if world.size == 1 else f"initial-policy-rank{world.rank}"  # no two writers
     _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / initial)
 
@@ -275,7 +281,8 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading:
         step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
                         selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60,
-                        anchor_wait=spec.algorithm.anchors.wait_seconds, waits=waits)
+                        anchor_wait=spec.algorithm.anchors.wait_seconds, waits=waits,
+                        cases=CaseRecorder.from_spec(spec, config.runtime.checkpoint_dir, config.metadata.name))
     by_name = {t.name: t for t in tasks}
     prompts = {t.name: make_prompt(t, tokenizer) for t in tasks}
     names = step_rows(tasks, alg.groups_per_step, alg.steps, alg.seed)

@@ -2,7 +2,11 @@
 
 What a cluster would provide is started here as local processes (:mod:`wmrl_trainer.services`):
 
-* ``--sandboxes N`` sandbox servers (``wmrl sandbox serve``, one per core by default),
+* ``--sandboxes N`` sandbox servers (``wmrl sandbox serve``, one per core by default), which
+  mount a ``spec.tasks.path`` directory as sandbox Pods mount the tasks volume (``--tasks-dir``:
+  a collection task's public directory is bound into each execution at ``data/``, at any size,
+  and the rest of the directory, its answers included, is hidden; not with
+  ``--sandbox-isolation restricted``, where task data is uploaded up to 16 MiB),
 * a calibration service on a state file (``wmrl calibration serve --state-file``) when the
   mode is ``wmrl``,
 
@@ -50,12 +54,12 @@ import yaml
 from wmrl.api.runconfig import RunConfig, from_manifest
 from wmrl.api.schema import Mode, field_errors
 from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
-from wmrl_trainer.build import build_trainer, load_training_tasks
+from wmrl_trainer.build import build_trainer, load_training_tasks, mounted_tasks_dir
 from wmrl_trainer.checkpoint import latest_checkpoint
 from wmrl_trainer.policy import load_policy
 from wmrl_trainer.evaluation import HeldOutEvaluator
-from wmrl_trainer.services import (LocalServices, ServiceStartError, local_runtime, quiet_libraries,
-                                   write_json_atomic)
+from wmrl_trainer.services import (LocalServices, ServiceStartError, local_runtime, local_tasks_dir,
+                                   quiet_libraries, write_json_atomic)
 
 log = logging.getLogger("wmrl.local")
 
@@ -175,7 +179,7 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
     state = _load_state(results_path, resumed_step)
     elapsed_before = state.elapsed_s
     dispatcher = SandboxDispatcher(StaticEndpoints(list(sandbox_urls)), slots_per_pod=spec.sandbox.slots_per_pod,
-                                   timeout=spec.sandbox.timeout_seconds + 30)
+                                   timeout=spec.sandbox.timeout_seconds + 30, tasks_dir=mounted_tasks_dir(config.runtime))
     steps = spec.algorithm.steps
     when = eval_steps(steps, options.eval_every)
     # Training waits while it evaluates here, so evaluation may use every sandbox slot.
@@ -222,7 +226,7 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
 
     step_log = open(results_dir / "steps.jsonl", "a")
     try:
-        policy = load_policy(spec.policy.model)
+        policy = load_policy(spec.policy.model, scripts=spec.policy.scripts)
         trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
                                 callbacks=[on_step], evaluate=False)  # evaluated here, on the --eval-* schedule
         if stop_flag is not None:
@@ -373,15 +377,19 @@ def main(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGINT, on_sigint)
 
+    tasks_dir = local_tasks_dir(config, args.sandbox_isolation)
     try:
         with LocalServices(args.sandboxes, results_dir / "logs", slots=config.spec.sandbox.slots_per_pod,
-                           isolation=args.sandbox_isolation) as services:
+                           isolation=args.sandbox_isolation, tasks_dir=tasks_dir) as services:
             print(f"wmrl run: sandboxes: {services.sandbox_isolation()}", flush=True)
+            if tasks_dir:
+                print(f"wmrl run: task data: {tasks_dir} mounted into the sandboxes; each execution sees only its "
+                      "task's public directory (at data/)", flush=True)
             calibration_url = None
             if config.spec.mode is Mode.WMRL:
                 calibration_url = services.start_calibration(results_dir / "calibration-state.json",
                                                              config.spec.algorithm).url
-            config = local_runtime(config, results_dir, services.sandbox_urls, calibration_url)
+            config = local_runtime(config, results_dir, services.sandbox_urls, calibration_url, tasks_dir)
             results, trainer = train_and_evaluate(config, services.sandbox_urls, results_dir, options, stop_flag=hook)
     except KeyboardInterrupt:
         print("wmrl run: aborted", file=sys.stderr)

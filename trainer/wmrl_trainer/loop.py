@@ -13,7 +13,9 @@ One step, mode ``wmrl`` (``docs/trainer.md`` has the timeline):
    real rewards of its other rows; only a group none of whose rows was executed is
    dropped for this step (it falls back to world-model rewards; ``dropped_anchors``).
    The (WM, real) pairs of the executed rows go to the calibration (non-blocking); the
-   learned world model observes their real outcomes. Rewards: anchor groups -> real
+   learned world model observes their real outcomes; each executed row (task, script,
+   world-model outcome, real outcome) becomes a fidelity case (``spec.logging.cases``,
+   :mod:`wmrl_trainer.fidelity.recorder`), whose rolling figures go to the step's record. Rewards: anchor groups -> real
    (NaN on failed rows); other groups -> calibrated WM (``debiasing.enabled``) or raw
    WM; the anchor weight comes from the calibration (``denoising.enabled``, else 1),
    which measures the disagreement on the same scores (its config's
@@ -57,6 +59,7 @@ import numpy as np
 from wmrl.api.schema import Mode
 from wmrl.outcome import Outcome
 from wmrl.tasks import Task
+from wmrl_trainer.fidelity.recorder import AnchorCase
 from wmrl_trainer.health import distinct_per_group
 from wmrl_trainer.records import StepRecord
 from wmrl_trainer.turns import Trajectories
@@ -129,6 +132,23 @@ class _LateGroup:
     group: int
     wm: np.ndarray
     expires: float
+    wm_outcomes: list = field(default_factory=list)
+
+
+@dataclass
+class _AnchorGroup:
+    """An anchor group whose executions are in (this step's, or a late one's): what calibration, the learned
+    world model and the fidelity cases take from it."""
+
+    task: Task
+    codes: list[str]
+    wm: np.ndarray
+    real: np.ndarray
+    outcomes: list
+    """Real outcomes per row (None: the execution failed)."""
+    wm_outcomes: list
+    """The world model's outcomes per row (None: ungraded)."""
+    source: dict
 
 
 def _result(future: cf.Future, key: tuple[int, int]) -> Optional[Outcome]:
@@ -207,6 +227,7 @@ class WMRLStep:
         anchor_wait: Optional[float] = None,
         clock: Callable[[], float] = time.perf_counter,
         waits: Any = None,
+        cases: Any = None,
     ):
         self.mode = Mode(mode)
         self.algorithm = algorithm
@@ -220,6 +241,8 @@ class WMRLStep:
         self._scores_checked = False
         self.clock = clock
         self.waits = waits if waits is not None else RealTime()
+        self.cases = cases if self.mode is Mode.WMRL else None
+        """Mode wmrl: the anchors' fidelity cases go here (:class:`wmrl_trainer.fidelity.recorder.CaseRecorder`)."""
         if self.mode is not Mode.REAL and world_model is None:
             raise ValueError(f"spec.mode {self.mode.value!r} needs a world model (spec.worldModel)")
         if self.mode is not Mode.WORLD_MODEL and dispatcher is None:
@@ -313,20 +336,33 @@ class WMRLStep:
         record.dropped_anchors = len(pending.anchors) - len(anchors) - len(late) if self.mode is Mode.WMRL else 0
         arrivals, expired = self._fold_late(record)  # earlier steps' late groups: a group arrives at a later step
         for g in late:  # real results still coming: fold them into calibration when they arrive
-            self._late.append(_LateGroup(pending, g, wm[g].copy(), self.clock() + self.execution_timeout))
-        groups = [(pending.tasks[g], pending.codes[g], wm[g], real[g], [outcomes.get((g, i)) for i in range(group_size)])
+            self._late.append(_LateGroup(pending, g, wm[g].copy(), self.clock() + self.execution_timeout,
+                                         list(wm_outcomes[g])))
+        groups = [_AnchorGroup(pending.tasks[g], pending.codes[g], wm[g], real[g],
+                               [outcomes.get((g, i)) for i in range(group_size)], list(wm_outcomes[g]),
+                               {"step": pending.step, "group": g})
                   for g in anchors]
         groups += [ready for ready, _ in arrivals]
-        pairs = [(task, group_wm, group_real) for task, _, group_wm, group_real, _ in groups]
-        observed = [(task, code, outcome) for task, codes, _, _, group_outcomes in groups
-                    for code, outcome in zip(codes, group_outcomes)]
+        pairs = [(group.task, group.wm, group.real) for group in groups]
+        observed = [(group.task, code, outcome) for group in groups
+                    for code, outcome in zip(group.codes, group.outcomes)]
         scored = self._decide(record, wm, real, anchors, pairs, observed)
+        self._record_cases(record, [
+            AnchorCase(group.task, code, (), predicted, outcome, {**group.source, "row": i, "turn": 1})
+            for group in groups
+            for i, (code, predicted, outcome) in enumerate(zip(group.codes, group.wm_outcomes, group.outcomes))
+            if outcome is not None])
         scored.wm_outcomes = wm_outcomes
         scored.real_outcomes = [[outcomes.get((g, i)) for i in range(group_size)] for g in range(n_groups)]
         scored.late_groups = list(late)
         scored.arrivals = [arrival for _, arrival in arrivals]
         scored.late_expired = expired
         return scored
+
+    def _record_cases(self, record: StepRecord, cases: list[AnchorCase]) -> None:
+        """Mode wmrl: the step's executed anchor scripts to the fidelity cases; the rolling figures to the record."""
+        if self.cases is not None:
+            record.fidelity = self.cases.record(cases)
 
     def _decide(self, record: StepRecord, wm: np.ndarray, real: np.ndarray, anchors: list[int],
                 pairs: list[tuple], observed: list[tuple]) -> Scored:
@@ -452,6 +488,11 @@ class WMRLStep:
         observed = [(batch.tasks[g], turn.code, turn.real) for g in anchors
                     for t in batch.groups[g] for turn in t.turns if turn.real is not None]
         scored = self._decide(record, wm, real, anchors, pairs, observed)
+        self._record_cases(record, [
+            AnchorCase(batch.tasks[g], turn.code, tuple((u.code, u.observation) for u in t.turns[:n]),
+                       turn.world_model, turn.real, {"step": batch.step, "group": g, "row": i, "turn": n + 1})
+            for g in anchors for i, t in enumerate(batch.groups[g])
+            for n, turn in enumerate(t.turns) if turn.real is not None])
         scored.trajectories = batch
         return scored
 
@@ -484,9 +525,9 @@ class WMRLStep:
                 real[key] = outcome.reward
         return real, outcomes, failed, late
 
-    def _fold_late(self, record: StepRecord) -> tuple[list[tuple[tuple, Arrival]], list[tuple[int, int]]]:
-        """Late anchor groups whose executions have all finished, as ((task, codes, wm, real, outcomes), their
-        :class:`Arrival`), and the (step, group) of those given up (expired, or no row executed).
+    def _fold_late(self, record: StepRecord) -> tuple[list[tuple["_AnchorGroup", Arrival]], list[tuple[int, int]]]:
+        """Late anchor groups whose executions have all finished, with their :class:`Arrival`, and the (step,
+        group) of those given up (expired, or no row executed).
 
         As for a group on time, failed rows are left out (outcome ``None``, real reward NaN) and the
         group is dropped only when none of its rows was executed.
@@ -501,8 +542,10 @@ class WMRLStep:
                                                   for i in range(len(futures)))
                 if any(o is not None for o in outcomes):
                     real = np.array([_reward_or_nan(o) for o in outcomes], dtype=float)
-                    ready.append(((item.pending.tasks[item.group], item.pending.codes[item.group], item.wm, real,
-                                   outcomes), Arrival(item.pending.step, item.group, real)))
+                    ready.append((_AnchorGroup(item.pending.tasks[item.group], item.pending.codes[item.group],
+                                               item.wm, real, outcomes, item.wm_outcomes,
+                                               {"step": item.pending.step, "group": item.group, "late": True}),
+                                  Arrival(item.pending.step, item.group, real)))
                 else:
                     record.dropped_anchors += 1
                     expired.append((item.pending.step, item.group))

@@ -1,7 +1,8 @@
 """Load the policy (model + tokenizer) named by ``spec.policy.model``, and build tiny ones offline.
 
 ``spec.policy.model`` is a Hugging Face model id, a local directory, or ``builtin:<name>``
-(the CPU demo policies, delegated to :func:`wmrl_demo.demo_policy.load_builtin`).
+(the CPU demo policies, delegated to :func:`wmrl_demo.demo_policy.load_builtin`, and the
+smoke-run policy ``builtin:fixed-scripts``, :mod:`wmrl_demo.fixed_scripts`).
 
 :func:`save_tiny_model` writes a randomly initialised Qwen2-architecture model and a
 byte-level BPE tokenizer trained on a few lines of Python to a directory, with no
@@ -31,13 +32,22 @@ _CORPUS = [
 ]
 
 
-def load_policy(model: str, cache_dir: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
+def load_policy(model: str, cache_dir: str | None = None, dtype: Any = None,
+                scripts: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) for a Hugging Face id, a local path or ``builtin:<name>``.
 
-    The tokenizer gets a pad token (its EOS) when it has none, since GRPO pads batches.
+    ``builtin:fixed-scripts`` samples from the scripts in the directory ``scripts``
+    (``spec.policy.scripts``; :mod:`wmrl_demo.fixed_scripts`). The tokenizer gets a pad token
+    (its EOS) when it has none, since GRPO pads batches.
     """
     if not model:
         raise ValueError("spec.policy.model: must not be empty")
+    if model == "builtin:fixed-scripts":
+        if not scripts:
+            raise ValueError("spec.policy.scripts: builtin:fixed-scripts needs a directory of *.py scripts")
+        from wmrl_demo.fixed_scripts import load_fixed_scripts  # smoke-run policy, imported only when named
+
+        return load_fixed_scripts(scripts)
     if model.startswith("builtin:"):
         from wmrl_demo.demo_policy import load_builtin  # demo code, imported only when a spec names it
 

@@ -20,13 +20,15 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from wmrl.api.schema import GROUP, PLURAL, VERSION, HeldOutProgress, PolicyHealth, Progress, TurnProgress
+from wmrl.api.schema import (GROUP, PLURAL, VERSION, FidelityProgress, HeldOutProgress, PolicyHealth, Progress,
+                             TurnProgress)
 from wmrl_trainer.records import StepRecord
 
 log = logging.getLogger("wmrl.trainer.progress")
 PHASES = ("generation", "world_model", "execution", "calibration", "update")
 HEALTH_FIGURES = ("distinct_per_group", "truncated_share", "mean_completion_tokens", "entropy")
 TURN_FIGURES = ("mean_turns", "mean_best_turn", "repair_rate")
+FIDELITY_FIGURES = ("status_at_1", "reward_mae", "reward_bias", "cases", "graded")
 
 
 class Totals:
@@ -105,6 +107,13 @@ def _turn_progress(turns: Optional[dict]) -> Optional[TurnProgress]:
                         valid_by_turn=list(turns.get("valid_share_by_turn") or []))
 
 
+def _fidelity_progress(figures: Optional[dict]) -> Optional[FidelityProgress]:
+    if not figures:
+        return None
+    return FidelityProgress(**{k: figures.get(k) for k in ("cases", "graded", "status_at_1", "reward_mae",
+                                                            "reward_bias", "recorded", "file")})
+
+
 def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
                 held_out_reward: Optional[float] = None, held_out: Optional[HeldOutProgress] = None) -> Progress:
     """The ``status.progress`` object after ``record`` (``step`` = completed optimizer steps)."""
@@ -124,6 +133,7 @@ def progress_of(record: StepRecord, totals: Totals, total_steps: Optional[int],
         ungraded=totals.ungraded,
         sandbox_demand=record.demand,
         calibration_stale_seconds=record.calibration_stale_seconds,
+        fidelity=_fidelity_progress(record.fidelity),
         health=PolicyHealth(distinct_per_group=record.distinct_per_group, truncated_share=record.truncated_share,
                             mean_completion_tokens=record.mean_completion_tokens, entropy=record.entropy,
                             warning=record.health_warning),
@@ -193,6 +203,11 @@ class TrainerMetrics:
                              registry=r)
         self.valid_by_turn = Gauge("wmrl_trainer_turn_valid_share", "Share of valid runs at each turn of the last step",
                                    ["turn"], registry=r)
+        self.fidelity = Gauge("wmrl_trainer_world_model_fidelity",
+                              "Rolling world-model fidelity on the latest anchor cases (status_at_1, reward_mae, "
+                              "reward_bias, cases, graded)", ["figure"], registry=r)
+        self.fidelity_cases = Gauge("wmrl_trainer_fidelity_cases_recorded", "Fidelity cases written to the case file",
+                                    registry=r)
         self.held_out = Gauge("wmrl_trainer_held_out_reward",
                               "Mean real reward on the held-out tasks at the last complete evaluation", registry=r)
         self.held_out_partial = Gauge("wmrl_trainer_held_out_partial", "1 while the latest held-out evaluation is partial",
@@ -238,6 +253,11 @@ class TrainerMetrics:
             if value is not None:
                 self.health.labels(figure).set(value)
         self.degenerating.set(1 if record.health_warning else 0)
+        if record.fidelity:
+            for figure in FIDELITY_FIGURES:
+                if record.fidelity.get(figure) is not None:
+                    self.fidelity.labels(figure).set(record.fidelity[figure])
+            self.fidelity_cases.set(record.fidelity.get("recorded", 0))
         if record.turns:
             for figure in TURN_FIGURES:
                 if record.turns.get(figure) is not None:

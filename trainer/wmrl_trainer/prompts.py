@@ -10,9 +10,12 @@ the reward ladder, the error type and line for failures, a quality bucket for va
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from wmrl import competition_text, data_overview
+from wmrl.api.schema import FewShotExample
 from wmrl.collection_tasks import CollectionTask
 from wmrl.outcome import QualityBucket, Status
 from wmrl.tasks import Task
@@ -23,6 +26,43 @@ SANDBOX_LIMITS = f"Python 3 with {libraries.prompt_line()} (no internet), one CP
 """What a script may use: the libraries the sandbox image really installs (its pinned requirements)."""
 
 _OVERVIEWS: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class PromptTask(Task):
+    """A task as the prompts show it, without its data: rebuilt from :func:`task_context` (a fidelity case
+    carries one), it gives the same world-model prompt as the task it was taken from, collection tasks
+    included (their contract and metric text are kept as rendered)."""
+
+    contract: str = ""
+    metric_text: str = ""
+    lower_is_better: bool = False
+
+    @property
+    def higher_is_better(self) -> bool:
+        return not self.lower_is_better
+
+
+def task_context(task: Task) -> dict[str, Any]:
+    """What the prompts need of ``task``, JSON-able (:func:`context_task` is the inverse)."""
+    return {"name": task.name, "kind": task.kind, "metric": task.metric, "metric_text": _metric(task),
+            "description": _description(task), "contract": _contract(task), "target": task.target,
+            "id_column": task.id_column, "submission": task.submission, "leaderboard": list(task.leaderboard),
+            "higher_is_better": bool(task.higher_is_better)}
+
+
+CONTEXT_FIELDS = {"name": str, "kind": str, "metric": str, "metric_text": str, "description": str, "contract": str,
+                  "target": str, "id_column": str, "submission": str, "leaderboard": list, "higher_is_better": bool}
+"""The keys of :func:`task_context` and their JSON types."""
+
+
+def context_task(context: dict[str, Any]) -> PromptTask:
+    """The :class:`PromptTask` of a :func:`task_context` (its keys checked by the caller)."""
+    return PromptTask(name=context["name"], description=context["description"], kind=context["kind"],
+                      metric=context["metric"], target=context["target"], id_column=context["id_column"],
+                      submission=context["submission"], leaderboard=tuple(float(x) for x in context["leaderboard"]),
+                      contract=context["contract"], metric_text=context["metric_text"],
+                      lower_is_better=not context["higher_is_better"])
 
 
 def data_overview_text(task: CollectionTask) -> str:
@@ -39,6 +79,8 @@ def _description(task: Task) -> str:
 
 
 def _metric(task: Task) -> str:
+    if isinstance(task, PromptTask):
+        return task.metric_text
     if isinstance(task, CollectionTask):
         name = task.metric if task.grader.kind == "builtin" else "the competition's metric (see its evaluation)"
         return f"{name}, {'higher' if task.higher_is_better else 'lower'} is better"
@@ -62,6 +104,8 @@ def _columns(task: Task) -> tuple[str, str]:
 
 
 def _contract(task: Task) -> str:
+    if isinstance(task, PromptTask):
+        return task.contract
     if isinstance(task, CollectionTask):
         return _collection_contract(task)
     train, test = _columns(task)
@@ -184,6 +228,41 @@ def _history_block(history: History) -> str:
     return "\n\n".join(parts) + "\n\n"
 
 
+def example_reason(example: FewShotExample) -> str:
+    """The example answer's reason: the example's own, else one written from its outcome."""
+    if example.reason:
+        return example.reason
+    where = f" at line {example.error_line}" if example.error_line else ""
+    return {
+        "malformed": "The text is not a complete Python program.",
+        "syntax_err": f"Python cannot compile it: {example.error_type or 'SyntaxError'}{where}.",
+        "runtime_err": f"It raised {example.error_type or 'an exception'}{where} when it ran.",
+        "ran_no_sub": "It ran to the end but wrote no valid submission.",
+        "valid": f"It wrote a valid submission of {example.quality_bucket} quality against the reference solutions.",
+    }[example.status]
+
+
+def example_answer(example: FewShotExample) -> str:
+    """The JSON answer a world model should have given for ``example``: its real outcome as one prediction."""
+    return json.dumps({"predictions": [{
+        "reason": example_reason(example), "status": example.status,
+        "error_type": example.error_type if example.status != "valid" else None,
+        "error_line": example.error_line if example.status != "valid" else None,
+        "quality_bucket": example.quality_bucket, "env_feedback": example.feedback[:ENV_FEEDBACK_CHARS]}]})
+
+
+def _examples_block(examples: Sequence[FewShotExample]) -> str:
+    """Real outcomes of earlier scripts in this sandbox (few-shot), each with the answer it called for."""
+    if not examples:
+        return ""
+    parts = ["Examples: scripts that really ran in this sandbox (on this or other tasks) and the answer each called "
+             "for, given as one prediction of its real outcome:"]
+    for n, example in enumerate(examples, start=1):
+        parts.append(f"Example {n} (task '{example.task}'):\n```\n{example.code.rstrip()}\n```\n"
+                     f"Answer: {example_answer(example)}")
+    return "\n\n".join(parts) + "\n\n"
+
+
 def _request(predictions: int) -> str:
     if predictions == 2:
         distinct = " Prediction 2 must have a different status from prediction 1: the most likely alternative."
@@ -197,11 +276,13 @@ def _request(predictions: int) -> str:
             '"error_line": ... or null, "quality_bucket": ... or null, "env_feedback": ...}]}')
 
 
-def world_model_messages(task: Task, code: str, predictions: int = 2, history: History = ()) -> list[dict[str, str]]:
+def world_model_messages(task: Task, code: str, predictions: int = 2, history: History = (),
+                         examples: Sequence[FewShotExample] = ()) -> list[dict[str, str]]:
     """Chat messages asking for the top-``predictions`` outcome predictions of ``code`` on ``task``.
 
     ``history``: the trajectory's earlier turns (see :data:`History`), shown before the current
-    script, which comes last and is the one to predict; empty for a first turn.
+    script, which comes last and is the one to predict; empty for a first turn. ``examples``:
+    real outcomes (``spec.worldModel.fewShot``), shown after the task and before the trajectory.
     """
     board = sorted(task.leaderboard)
     board_line = (f"Reference solutions score {_metric(task).split(',')[0]} from {board[0]:.4g} to {board[-1]:.4g} "
@@ -213,6 +294,7 @@ def world_model_messages(task: Task, code: str, predictions: int = 2, history: H
         f"Task '{task.name}' ({task.kind}): {_description(task)}\n"
         f"{_contract(task)}\n"
         f"Sandbox: {SANDBOX_LIMITS}.\n{board_line}\n"
+        f"{_examples_block(examples)}"
         f"{_history_block(history)}"
         f"{current}:\n```\n{_numbered(code)}\n```\n\n"
         f"{_STATUS_GUIDE}\n\n"
@@ -221,7 +303,8 @@ def world_model_messages(task: Task, code: str, predictions: int = 2, history: H
     return [{"role": "system", "content": _WM_SYSTEM}, {"role": "user", "content": user}]
 
 
-def world_model_prompt(task: Task, code: str, predictions: int = 2, history: History = ()) -> str:
+def world_model_prompt(task: Task, code: str, predictions: int = 2, history: History = (),
+                       examples: Sequence[FewShotExample] = ()) -> str:
     """The same request as one plain-text prompt, for models without a chat template."""
-    messages = world_model_messages(task, code, predictions, history)
+    messages = world_model_messages(task, code, predictions, history, examples)
     return "\n\n".join(m["content"] for m in messages) + "\n\nJSON answer:\n"

@@ -54,6 +54,8 @@ class StepRecord:
     health_warning: Optional[str] = None
     # Multi-turn only (wmrl_trainer.turns.Trajectories.summary): mean turns, stop reasons, best turn, repair rate.
     turns: Optional[dict] = None
+    # Mode wmrl with spec.logging.cases: the rolling world-model fidelity (wmrl_trainer.fidelity.recorder).
+    fidelity: Optional[dict] = None
 
     @property
     def execution_wait_fraction(self) -> float:

@@ -118,14 +118,20 @@ def calibration_flags(algorithm: Any) -> list[str]:
 class LocalServices:
     """Sandbox servers and (optionally) a calibration service for one or more local runs.
 
+    ``tasks_dir``: a directory of tasks the servers mount as a sandbox Pod mounts the tasks volume
+    (``--tasks-dir``: each execution sees the public directory its request names at ``data/``, and
+    nothing else of the directory).
+
     ``with LocalServices(n, logs) as services: ... services.start_calibration(state, algorithm)``;
     everything started is stopped on exit, in reverse order, even after an error.
     """
 
-    def __init__(self, sandboxes: int, log_dir: Path, slots: int = 1, isolation: str = "namespaces"):
+    def __init__(self, sandboxes: int, log_dir: Path, slots: int = 1, isolation: str = "namespaces",
+                 tasks_dir: Optional[str] = None):
         if sandboxes < 1:
             raise ValueError(f"--sandboxes must be >= 1, got {sandboxes}")
         self.n_sandboxes, self.slots, self.log_dir, self.isolation = sandboxes, slots, log_dir, isolation
+        self.tasks_dir = tasks_dir  # the sandboxes' --tasks-dir, as a sandbox Pod mounts the tasks volume
         self.services: list[Service] = []
         self.sandboxes: list[Service] = []
         self._work_root: Optional[str] = None
@@ -139,9 +145,10 @@ class LocalServices:
                 root = os.path.join(self._work_root, str(i))
                 os.makedirs(root)
                 os.chmod(root, 0o711)
+                mount = ("--tasks-dir", self.tasks_dir) if self.tasks_dir else ()
                 svc = Service(f"sandbox-{i}", _wmrl("sandbox", "serve", "--host", "127.0.0.1", "--port", str(port),
                                                     "--slots", str(self.slots), "--work-root", root,
-                                                    "--isolation", self.isolation),
+                                                    "--isolation", self.isolation, *mount),
                               port, self.log_dir / f"sandbox-{i}.log")
                 self.services.append(svc)
                 self.sandboxes.append(svc)
@@ -218,13 +225,26 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 # ---------------------------------------------------------------- a local run's settings
 
+def local_tasks_dir(config: RunConfig, isolation: str) -> Optional[str]:
+    """The directory local sandboxes mount, as sandbox Pods mount the tasks volume: ``spec.tasks.path``
+    (resolved) when the sandboxes give each execution a mount namespace (``namespaces``); None otherwise
+    (builtin suites, or ``restricted`` sandboxes, which could not hide the answers: task data is then
+    uploaded with each execution, up to its size limit)."""
+    if isolation != "namespaces" or not config.spec.tasks.path:
+        return None
+    return os.path.realpath(config.spec.tasks.path)
+
+
 def local_runtime(config: RunConfig, results_dir: Path, sandbox_urls: Sequence[str],
-                  calibration_url: Optional[str]) -> RunConfig:
+                  calibration_url: Optional[str], tasks_dir: Optional[str] = None) -> RunConfig:
     """``config`` pointed at local services: these sandboxes and calibration service, checkpoints and
-    results under ``results_dir``, and no status patching or metrics port (there is no cluster)."""
+    results under ``results_dir``, and no status patching or metrics port (there is no cluster).
+    ``tasks_dir``: the directory the sandboxes mount (:func:`local_tasks_dir`), whose collection tasks'
+    public directories are then mounted into executions instead of uploaded."""
     runtime = Runtime(sandbox_urls=list(sandbox_urls), calibration_url=calibration_url,
                       checkpoint_dir=str(results_dir / "checkpoints"), results_dir=str(results_dir),
-                      world_model_url=config.spec.world_model.endpoint, patch_status=False, metrics_port=None)
+                      world_model_url=config.spec.world_model.endpoint, patch_status=False, metrics_port=None,
+                      tasks_dir=tasks_dir, sandbox_mounts_tasks=tasks_dir is not None)
     return config.model_copy(update={"runtime": runtime})
 
 

@@ -192,6 +192,8 @@ class WMRLTrainer:
         calibration = _calibration_state(step.calibration)
         if calibration is not None:
             data["calibration"] = calibration
+        if step.cases is not None:
+            data["fidelity"] = step.cases.state_dict()
         save_json(directory / WMRL_STATE, data)
         if hasattr(step.world_model, "state_dict"):
             torch.save(step.world_model.state_dict(), directory / WORLD_MODEL_STATE)
@@ -204,6 +206,8 @@ class WMRLTrainer:
             step.selector.load_state_dict(data["selector"])
         if "calibration" in data:
             _load_calibration_state(step.calibration, data["calibration"])
+        if "fidelity" in data and step.cases is not None:
+            step.cases.load_state_dict(data["fidelity"])
         self.reporter.totals.load_state_dict(data.get("totals", {}))
         self.health.load_state_dict(data.get("health", {}))
         self.reporter.held_out.load_state_dict(data.get("heldOut", {}))

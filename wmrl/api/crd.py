@@ -29,8 +29,9 @@ from typing import Any
 
 import yaml
 
-from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, LATE_REWARDS_NEED_WAIT, TRAINER_SHARED_CHECKPOINTS, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, WMRLRunSpec,
-                             WMRLRunStatus)
+from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, FIXED_SCRIPTS, FIXED_SCRIPTS_NEEDS_SCRIPTS, GROUP, KIND,
+                             LATE_REWARDS_NEED_WAIT, PLURAL, SHORT_NAMES, SINGULAR, TRAINER_SHARED_CHECKPOINTS, VERSION,
+                             WMRLRunSpec, WMRLRunStatus)
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
@@ -120,6 +121,14 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         }
     ],
+    ("policy",): [
+        {
+            "rule": f"has(self.scripts) == (has(self.model) && self.model == '{FIXED_SCRIPTS}')",
+            "message": FIXED_SCRIPTS_NEEDS_SCRIPTS,
+            "fieldPath": ".scripts",
+            "reason": "FieldValueInvalid",
+        }
+    ],
     ("worldModel",): [
         {
             "rule": "!has(self.learnOnline) || !self.learnOnline || (has(self.backend) && self.backend == 'learned')",
@@ -133,6 +142,31 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "fieldPath": ".optimism",
             "reason": "FieldValueInvalid",
         },
+        {
+            "rule": "!has(self.fewShot) || (!has(self.fewShot.path) && (!has(self.fewShot.examples) || "
+                    "size(self.fewShot.examples) == 0)) || (has(self.backend) && self.backend != 'learned')",
+            "message": "spec.worldModel.fewShot: the learned backend has no prompt to show examples in (only llm and "
+                       "transformers use them)",
+            "fieldPath": ".fewShot",
+            "reason": "FieldValueInvalid",
+        },
+    ],
+    ("worldModel", "fewShot", "examples", "*"): [
+        {
+            "rule": "(self.status == 'valid') == has(self.qualityBucket)",
+            "message": "spec.worldModel.fewShot.examples: a valid example needs its qualityBucket, and only a valid "
+                       "one has one",
+            "fieldPath": ".qualityBucket",
+            "reason": "FieldValueInvalid",
+        }
+    ],
+    ("worldModel", "fewShot"): [
+        {
+            "rule": "!has(self.path) || !has(self.examples) || size(self.examples) == 0",
+            "message": "spec.worldModel.fewShot: set path or examples, not both",
+            "fieldPath": ".path",
+            "reason": "FieldValueInvalid",
+        }
     ],
     ("tasks",): [
         {
@@ -245,9 +279,10 @@ def _model_schema(model: type, defaults: bool) -> dict[str, Any]:
 
 
 def _at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """The node at ``path``: property names, ``*`` for an array's items."""
     node = schema
     for name in path:
-        node = node["properties"][name]
+        node = node["items"] if name == "*" else node["properties"][name]
     return node
 
 

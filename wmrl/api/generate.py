@@ -263,6 +263,8 @@ def _rules(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
         yield path, rule["message"]
     for key, child in (node.get("properties") or {}).items():
         yield from _rules(child, f"{path}.{key}" if path else key)
+    if isinstance(node.get("items"), dict):  # rules on an array's items (few-shot examples)
+        yield from _rules(node["items"], f"{path}[]")
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:

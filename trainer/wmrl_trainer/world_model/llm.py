@@ -33,6 +33,7 @@ from typing import Any, Optional, Sequence
 
 import httpx
 
+from wmrl.api.schema import FewShotExample
 from wmrl.outcome import Outcome
 from wmrl_trainer.prompts import outcome_json_schema, world_model_messages
 from wmrl_trainer.world_model.base import GatedWorldModel, Item, item_parts
@@ -69,7 +70,7 @@ class LLMWorldModel(GatedWorldModel):
                  top_k: int = 20, max_tokens: int = 1024, predictions: int = 2, presence_penalty: float = 1.0,
                  timeout: float = 60.0, retries: int = 2, backoff: float = 0.5, concurrency: int = 16,
                  guided: str = "auto", enable_thinking: Optional[bool] = None,
-                 api_key: Optional[str] = None):
+                 api_key: Optional[str] = None, few_shot: Sequence[FewShotExample] = ()):
         super().__init__()
         if not base_url:
             raise ValueError("spec.worldModel.endpoint: the llm backend needs an OpenAI-compatible base URL")
@@ -87,6 +88,7 @@ class LLMWorldModel(GatedWorldModel):
         self.probe_answers: dict[str, str] = {}  # mode -> what the probe got back (for the error message)
         self._probe_lock = threading.Lock()
         self.enable_thinking = enable_thinking
+        self.few_shot = tuple(few_shot)  # spec.worldModel.fewShot: real outcomes shown in every prompt
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers,
                                     limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
@@ -164,7 +166,7 @@ class LLMWorldModel(GatedWorldModel):
 
     def _one(self, item: Item) -> Optional[Outcome]:
         task, code, history = item_parts(item)
-        text = self._complete(world_model_messages(task, code, self.predictions, history))
+        text = self._complete(world_model_messages(task, code, self.predictions, history, self.few_shot))
         if text is None:
             return None
         outcome = outcome_from_text(text)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, Sequence
 
+from wmrl.api.schema import FewShotExample
 from wmrl.outcome import Outcome
 from wmrl_trainer.policy import load_policy
 from wmrl_trainer.prompts import world_model_messages, world_model_prompt
@@ -34,7 +35,8 @@ class TransformersWorldModel(GatedWorldModel):
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, temperature: float = 0.7, top_p: float = 0.8,
                  top_k: int = 20, max_new_tokens: int = 1024, predictions: int = 2, batch_size: int = 4,
-                 seed: int = 0, generate: Optional[Generate] = None, enable_thinking: Optional[bool] = None):
+                 seed: int = 0, generate: Optional[Generate] = None, enable_thinking: Optional[bool] = None,
+                 few_shot: Sequence[FewShotExample] = ()):
         super().__init__()
         if generate is None and (model is None or tokenizer is None):
             raise ValueError("the transformers world model needs a model and a tokenizer (or a generate function)")
@@ -42,6 +44,7 @@ class TransformersWorldModel(GatedWorldModel):
         self.sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens}
         self.predictions, self.batch_size, self.seed = predictions, batch_size, seed
         self.enable_thinking = enable_thinking
+        self.few_shot = tuple(few_shot)  # spec.worldModel.fewShot: real outcomes shown in every prompt
         self._generate_fn = generate or self._sample
         self._lock = threading.Lock()  # one generation at a time on a shared model
 
@@ -62,9 +65,9 @@ class TransformersWorldModel(GatedWorldModel):
         task, code, history = item_parts(item)
         if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
             extra = {} if self.enable_thinking is None else {"enable_thinking": bool(self.enable_thinking)}
-            return self.tokenizer.apply_chat_template(world_model_messages(task, code, self.predictions, history),
-                                                      tokenize=False, add_generation_prompt=True, **extra)
-        return world_model_prompt(task, code, self.predictions, history)
+            messages = world_model_messages(task, code, self.predictions, history, self.few_shot)
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+        return world_model_prompt(task, code, self.predictions, history, self.few_shot)
 
     def _sample(self, prompts: list[str]) -> list[str]:
         import torch
