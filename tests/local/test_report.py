@@ -65,6 +65,54 @@ def test_report_renders_a_version_3_results_file(tmp_path):
     assert "Asynchronous anchors: not measured: x." in table and "Holm over all of them" in table
 
 
+def _async_section(data: dict) -> dict:
+    """The ``async`` of a v3 JSON from synthetic asynchronous runs at P = 2 and 8 (token-w0 climbs fast, drop-w0 not)."""
+    from wmrl_bench.async_analysis import async_goal, async_pool_summary
+
+    def run(variant: str, seed: int, rewards: list[float], pool: str) -> dict:
+        late, fraction = variant.rsplit("-w", 1)
+        out = _v3_run(f"async-{variant}-P{pool}", seed, rewards, {pool: 20.0})
+        out["async"] = {"late": late, "wait_fraction": float(fraction), "wait_s": 0.05, "slots": int(pool)}
+        out["step_costs"] = [{"anchor_groups": 0, "late_anchors": 1, "dropped_anchors": 0, "late_trained": 1,
+                              "waited": 0.0, "late_weight_mean": 1.2 if late == "token" else None,
+                              "late_clipped_share": 0.05 if late == "token" else None} for _ in rewards[1:]]
+        return out
+
+    slots = {}
+    for p, pool in data["slots"].items():
+        runs = [run("token-w0", s, [0.3, 0.6, 0.7, 0.7, 0.7], p) for s in range(3)]
+        runs += [run("drop-w0", s, [0.3, 0.3 + 0.01 * s, 0.32], p) for s in range(3)]
+        real = [_v3_run("real-g4-lr0.002", s, [0.3, 0.4, 0.5 + 0.02 * s], {"2": 50.0, "8": 20.0}) for s in range(3)]
+        slots[p] = async_pool_summary(runs, p, data["budgets_s"][p], pool["target_reward"], real, pool["best_real"])
+        slots[p]["wmrl"] = {"config": pool["wmrl"], "speedup": pool["speedup"],
+                            "final_reward": pool["configs"][pool["wmrl"]]["final_reward"]}
+    return {"measured": True, "arms": ["token-w0", "drop-w0"], "wait_fractions": [0.0, 0.25],
+            "corrections": ["token", "none"], "controls": ["drop-w0"], "clip_max": 3.0, "sync_step_s": {},
+            "slots": slots, "goal": async_goal(slots)}
+
+
+def test_report_renders_the_asynchronous_arms_and_the_json_round_trips(tmp_path):
+    data = _bench_v3()
+    data["async"] = _async_section(data)
+    results = tmp_path / "v3-async.json"
+    results.write_text(json.dumps(data))
+    assert load_results(results) == json.loads(json.dumps(data))  # what the benchmark writes is what report reads
+    png, md = tmp_path / "plot.png", tmp_path / "table.md"
+    proc = subprocess.run([sys.executable, "-m", "wmrl.cli", "report", str(results), "--plot", str(png),
+                           "--markdown", str(md)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    table = md.read_text()
+    assert "#### Asynchronous anchors (waitSeconds at [0.0, 0.25] of a synchronous wmrl step" in table
+    token = data["async"]["slots"]["2"]["variants"]["token-w0"]
+    assert (f"| 2 | `token-w0` (late rewards, token IS) | 0.050 | {token['steps_at_budget']:.1f} | 100% | 1.00 | 1.20 (5%) | "
+            f"{token['final_reward']:.3f} +- 0.000 |") in table
+    assert f"{token['speedup']:.2f}x |" in table
+    assert "| 8 | `drop-w0` (late rewards dropped) |" in table and "not reached within the budget |" in table
+    assert "- `token-w0` beats the best real configuration at the budget at every P: **yes** (P = 2: yes, P = 8: yes)" in table
+    assert "- `drop-w0` beats the best real configuration at the budget at every P: **no**" in table
+    assert png.stat().st_size > 5000
+
+
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=20), st.floats(0, 1))
 def test_crossing_is_the_first_point_at_or_above_target(ys, target):
     xs = list(range(len(ys)))

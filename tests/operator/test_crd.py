@@ -53,6 +53,8 @@ def test_cel_rules_and_immutability():
     assert spec["algorithm"]["properties"]["denoising"]["x-kubernetes-validations"]
     [wait] = spec["algorithm"]["x-kubernetes-validations"]
     assert wait["fieldPath"] == ".anchors.waitSeconds" and "maxTurns == 1" in wait["rule"]
+    [late] = spec["algorithm"]["properties"]["anchors"]["x-kubernetes-validations"]
+    assert late["fieldPath"] == ".lateRewards.enabled" and "has(self.waitSeconds)" in late["rule"]
     assert spec["algorithm"]["properties"]["maxTurns"]["maximum"] == 8
     assert spec["tasks"]["x-kubernetes-validations"]
     [scripts] = spec["policy"]["x-kubernetes-validations"]

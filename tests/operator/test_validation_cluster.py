@@ -54,6 +54,13 @@ BAD = [
      "spec.algorithm.anchors.waitSeconds"),
     # maxTurns left out: its default (4) is multi-turn, and the apiserver defaults before it validates.
     ("wait-seconds-default-turns", {"algorithm": {"anchors": {"waitSeconds": 0}}}, "spec.algorithm.anchors.waitSeconds"),
+    ("late-rewards-without-wait", {"algorithm": {"maxTurns": 1, "anchors": {"lateRewards": {"enabled": True}}}},
+     "spec.algorithm.anchors.lateRewards.enabled"),
+    ("late-rewards-unknown-correction", {"algorithm": {"maxTurns": 1, "anchors": {
+        "waitSeconds": 0, "lateRewards": {"enabled": True, "correction": "ppo"}}}},
+     "spec.algorithm.anchors.lateRewards.correction"),
+    ("late-rewards-clip-0", {"algorithm": {"maxTurns": 1, "anchors": {
+        "waitSeconds": 0, "lateRewards": {"enabled": True, "clipMax": 0}}}}, "spec.algorithm.anchors.lateRewards.clipMax"),
     ("presence-penalty-3", {"worldModel": {"sampling": {"presencePenalty": 3}}}, "spec.worldModel.sampling.presencePenalty"),
     ("enable-thinking-not-bool", {"worldModel": {"enableThinking": "sometimes"}}, "spec.worldModel.enableThinking"),
     # 3 x 4 = 12 rollouts a step cannot split over 8 processes (8 GPUs, one process each).
@@ -85,6 +92,8 @@ BAD = [
 # (id, spec patch): edge cases both validators accept.
 GOOD = [
     ("wait-seconds-single-turn", {"algorithm": {"maxTurns": 1, "anchors": {"waitSeconds": 0}}}),
+    ("late-rewards-with-wait", {"algorithm": {"maxTurns": 1, "anchors": {
+        "waitSeconds": 0, "lateRewards": {"enabled": True, "correction": "sequence", "clipMax": 2}}}}),
     ("max-turns-8-with-budget", {"algorithm": {"maxTurns": 8, "maxTrajectoryTokens": 4096}}),
     ("presence-penalty-bounds", {"worldModel": {"enableThinking": False, "sampling": {"presencePenalty": -2}}}),
     ("two-nodes-fsdp-tp", {"policy": {"vllmTensorParallelSize": 4}, "algorithm": {"groupSize": 16, "groupsPerStep": 2},

@@ -170,6 +170,57 @@ def test_mask_truncated_completions_leaves_scripts_without_eos_out_of_the_loss(t
     assert (out["completion_mask"].sum(dim=1)[ended] > 0).all()
 
 
+@pytest.mark.parametrize("correction", ["none", "token"])
+def test_late_anchor_rows_join_the_batch_of_the_step_their_real_rewards_arrive_at(tmp_path, correction):
+    """waitSeconds 0 with lateRewards: step 0's anchor group is late (its sandbox is held); released after
+    step 0, its rows join step 1's batch with per-token advantages = its real rewards' group advantages x the
+    importance weight (1 without correction, in (0, clipMax] with it), and TRL trains on them."""
+    import concurrent.futures as cf
+    import threading
+
+    from wmrl_trainer.late import late_advantages
+
+    gate = threading.Event()
+    executor = ScriptedExecutor(slots=64, release=gate)
+    config = run_config(tmp_path, "wmrl", steps=2, anchors={"fraction": 0.5, "waitSeconds": 0,
+                                                             "lateRewards": {"enabled": True, "correction": correction}})
+    holds = [gate]
+
+    def release_step_0(record):
+        if record.step == 0:
+            holds.append(threading.Event())
+            executor.release = holds[-1]  # step 1's own anchors stay running
+            gate.set()
+            cf.wait([f for item in trainer.step._late for f in item.pending.executions.values()])
+
+    records = []
+    trainer = build_trainer(config, policy=tiny_policy(), tasks=make_tasks(2), world_model=ScriptedWorldModel(),
+                            dispatcher=executor, callbacks=[release_step_0, records.append])
+    try:
+        seen = train_capturing_batches(trainer)
+    finally:
+        for hold in holds:
+            hold.set()
+    (first_out, first), (out, second) = seen
+    assert first.late_groups and first_out["prompt_ids"].shape[0] == 8  # nothing has arrived at step 0
+    [arrival] = second.arrivals
+    assert (arrival.step, arrival.group) == (0, first.late_groups[0])
+    assert records[1].late_trained == 1 and records[0].late_trained == 0
+    assert out["prompt_ids"].shape[0] == 12 and out["advantages"].shape == out["completion_ids"].shape
+    expected = late_advantages(arrival.real, second.weight)
+    late_mask = out["completion_mask"][8:].bool()
+    assert (late_mask.sum(dim=1) > 0).all()
+    ratio = out["advantages"][8:] / torch.tensor(expected, dtype=torch.float32).unsqueeze(1)
+    ratio = ratio[late_mask]
+    if correction == "none":
+        np.testing.assert_allclose(ratio.numpy(), 1.0, rtol=1e-5)
+        assert records[1].late_weight_mean == pytest.approx(1.0)
+    else:
+        assert ((ratio > 0) & (ratio <= 3.0 + 1e-6)).all()
+        assert records[1].late_weight_mean == pytest.approx(float(ratio.mean()), rel=1e-4)
+    assert out["num_items_in_batch"] == out["completion_mask"].sum()
+
+
 def test_spec_settings_reach_the_step_and_trls_vllm_config(tmp_path):
     """anchors.waitSeconds and the vLLM knobs are spec fields (no environment variables)."""
     from wmrl.api.schema import PolicySpec

@@ -80,6 +80,28 @@ def test_loss_uses_completion_mask_and_num_items_in_batch():
     assert 'advantages = inputs["advantages"]' in source
 
 
+def test_late_anchor_rows_rely_on_trls_batch_split_loss_and_log_prob_pass():
+    """anchors.lateRewards (wmrl_trainer.late): rows appended to the batch are split with it into
+    steps_per_generation equal micro-batches, the loss takes per-token (B, T) advantages, TRL's own IS ratio
+    multiplies the per-token loss before the KL term, and the log-prob pass has the signature the trainer calls."""
+    prepare = inspect.getsource(GRPOTrainer._prepare_inputs)
+    assert "split_tensor_dict(generation_batch, self.args.steps_per_generation)" in prepare
+    assert "shuffle_sequence_dict(generation_batch)" in prepare
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    assert "if advantages.dim() == 1:" in loss and "advantages = advantages.unsqueeze(1)" in loss
+    assert loss.index('per_token_loss * inputs["importance_sampling_ratio"]') < loss.index("self.beta * per_token_kl")
+    assert 'old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None' in loss
+    assert _params(GRPOTrainer._get_per_token_logps_and_entropies)[:6] == [
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"]
+    import trl.models.utils
+
+    assert callable(trl.models.utils.disable_gradient_checkpointing)  # the pass runs without it, as TRL's
+    score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for key in ('output["old_per_token_logps"]', 'output["importance_sampling_ratio"]',
+                'output["sampling_per_token_logps"]', 'output["ref_per_token_logps"]'):
+        assert key in score, f"per-row output key changed: {key}"
+
+
 def test_config_fields_we_set_exist():
     fields = GRPOConfig.__dataclass_fields__
     for name in ("num_generations", "generation_batch_size", "beta", "entropy_coef", "max_completion_length",

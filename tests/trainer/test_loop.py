@@ -239,6 +239,31 @@ def test_late_anchors_train_on_world_model_rewards_and_reach_calibration_when_do
     executor.close()
 
 
+def test_the_step_waits_through_its_waits_object():
+    """How long a step waits and whether a late group has finished are ``waits``' to say (the benchmark's clock
+    is virtual): here every execution is done at once, yet the waits object keeps step 0's late until step 2."""
+
+    class Scripted:
+        def __init__(self):
+            self.calls = []
+
+        def running_after(self, executions, wait):
+            cf.wait(list(executions.values()))
+            self.calls.append(("wait", len(executions), wait))
+            return set(executions) if len(self.calls) == 1 else set()
+
+        def finished(self, futures):
+            self.calls.append(("finished", len(futures)))
+            return sum(call[0] == "wait" for call in self.calls) >= 3  # from step 2 on
+
+    waits = Scripted()
+    step = wmrl_step(anchor_wait=0.5, fraction=0.25, waits=waits)
+    first, second, third = run(step, 3)
+    assert first.late_groups and not second.arrivals and second.anchor_groups
+    assert [(a.step, a.group) for a in third.arrivals] == [(0, g) for g in first.late_groups]
+    assert waits.calls[0] == ("wait", G * len(first.late_groups), 0.5)
+
+
 def test_anchor_wait_long_enough_uses_real_rewards_as_usual(sandbox_gates):
     """The sandboxes finish only once the world model is done: the step waits for them, as asked."""
     release = sandbox_gates()
@@ -360,6 +385,11 @@ def test_late_anchor_groups_keep_their_executed_rows(sandbox_gates):
     cf.wait(list(first_pending.executions.values()))
     second = step.score(step.submit(1, tasks, codes_for(1)))
     assert second.record.late_folded == 1 and second.record.dropped_anchors == 3
+    # the trainer hears of both: the group that arrived (real rewards, NaN on the failed row) and those given up
+    [arrival] = second.arrivals
+    assert (arrival.step, arrival.group) == (0, late[0]) and np.isnan(arrival.real[1])
+    np.testing.assert_allclose(np.delete(arrival.real, 1), np.delete(real_rewards(0)[late[0]], 1))
+    assert sorted(second.late_expired) == [(0, g) for g in sorted(late[1:])]
     (payload,) = cal.payloads
     assert payload == [{"task": f"task-{late[0]}",
                         "wm": [first.world_model[late[0], i] for i in range(G) if i != 1],

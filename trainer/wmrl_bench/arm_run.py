@@ -10,8 +10,11 @@ steps cost almost nothing, at fractions of its step cap instead), and stops once
 spent the budget or reached its step cap. The clock runs at every pool size of the job's sweep at
 once (a synchronous step's learning does not depend on the pool): every cost is a mapping from pool
 size to seconds, and each step's costs and execution durations are kept (``step_costs``) so any other
-pool size can be scored from the result alone. Its ``result.json`` is written last, atomically: a
-benchmark run again with the same ``--work-dir`` reuses every run that finished.
+pool size can be scored from the result alone. An asynchronous run (``job.async_anchors``: late anchors)
+learns differently on every pool, so it runs on one pool size, on :mod:`.async_clock`'s virtual clock,
+which decides which anchors are late and when they arrive; its ``step_costs`` keep what
+:func:`wmrl_bench.pool.replay` needs to recompute that clock. Its ``result.json`` is written last,
+atomically: a benchmark run again with the same ``--work-dir`` reuses every run that finished.
 
 Held-out reward is exact for single turns: the expected real reward under the policy's own
 sampling distribution, summed over every script it can write for each held-out task
@@ -35,8 +38,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from wmrl_bench.async_clock import VirtualDispatcher, VirtualTime
 from wmrl_bench.cost import step_cost
-from wmrl_bench.design import EVAL_TRAJECTORIES, WIDE_POLICY, Job, arm_config
+from wmrl_bench.design import EVAL_TRAJECTORIES, WIDE_POLICY, Job, arm_config, async_anchors
 from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
 from wmrl_demo.demo_policy import load_builtin
 from wmrl_demo.script_space import script_distribution
@@ -96,8 +100,12 @@ def run_job(job: Job) -> dict[str, Any]:
     torch.set_num_threads(job.threads)
     started = time.perf_counter()
     shutil.rmtree(run_dir, ignore_errors=True)
+    asynchronous = job.async_anchors is not None
+    if asynchronous and len(job.slots) != 1:
+        raise ValueError(f"an asynchronous run learns on one pool size, got {job.slots}")
+    anchors = async_anchors(job.async_anchors["late"], job.async_anchors["wait_s"]) if asynchronous else None
     config = arm_config(job.arm, job.seed, job.steps, optimism=job.optimism, groups_per_step=job.groups_per_step,
-                        learning_rate=job.learning_rate, **job.spec_overrides)
+                        learning_rate=job.learning_rate, anchors=anchors, **job.spec_overrides)
     config = local_runtime(config, run_dir, job.sandbox_urls, None)
     spec = config.spec
     tasks, held_out = load_training_tasks(config)
@@ -119,6 +127,9 @@ def run_job(job: Job) -> dict[str, Any]:
     step_costs: list[dict[str, Any]] = []
     curve: list[dict[str, Any]] = []
     trainer = None
+    # The wait point of a step: the trainer's own seconds so far in it plus the modelled judge (cost.step_cost's).
+    virtual = VirtualTime(job.slots[0], dispatcher.take_durations, lambda: trainer.step_seconds() + job.judge_cost
+                          * trainer.grpo.last_generation_seconds) if asynchronous else None
 
     def evaluate() -> None:
         model = trainer.grpo.accelerator.unwrap_model(trainer.grpo.model)
@@ -140,18 +151,28 @@ def run_job(job: Job) -> dict[str, Any]:
 
     def on_step(record: Any) -> None:
         row = record.to_json()
-        durations = dispatcher.take_durations()
-        costs = {p: step_cost(row, durations, int(p), job.judge_cost) for p in pools}
-        any_cost = costs[pools[0]]
-        totals["compute_s"] += any_cost.compute
-        totals["judge_s"] += any_cost.judge
-        for p, cost in costs.items():
-            totals["cost_s"][p] += cost.total
-            totals["executions_s"][p] += cost.executions
-        step_costs.append({"compute": any_cost.compute, "judge": any_cost.judge,
-                           "executions": {p: c.executions for p, c in costs.items()},
-                           "durations": [round(d, 4) for d in durations],
-                           "executions_per_turn": (row.get("turns") or {}).get("executions_per_turn")})
+        if virtual is not None:  # one pool, on the virtual clock that decided which anchors were late
+            clock = virtual.finish_step(row, job.judge_cost)
+            totals["compute_s"] += clock["compute"]
+            totals["judge_s"] += clock["judge"]
+            totals["cost_s"][pools[0]] += clock["total"]
+            totals["executions_s"][pools[0]] += clock["waited"]
+            step_costs.append({**clock, **{k: row[k] for k in ("anchor_groups", "demand", "late_anchors", "late_folded",
+                                                                "late_trained", "late_weight_mean",
+                                                                "late_clipped_share", "dropped_anchors")}})
+        else:
+            durations = dispatcher.take_durations()
+            costs = {p: step_cost(row, durations, int(p), job.judge_cost) for p in pools}
+            any_cost = costs[pools[0]]
+            totals["compute_s"] += any_cost.compute
+            totals["judge_s"] += any_cost.judge
+            for p, cost in costs.items():
+                totals["cost_s"][p] += cost.total
+                totals["executions_s"][p] += cost.executions
+            step_costs.append({"compute": any_cost.compute, "judge": any_cost.judge,
+                               "executions": {p: c.executions for p, c in costs.items()},
+                               "durations": [round(d, 4) for d in durations],
+                               "executions_per_turn": (row.get("turns") or {}).get("executions_per_turn")})
         totals["wall_s"] += record.total
         totals["executions"] += record.executions
         totals["steps"] = record.step + 1
@@ -172,8 +193,9 @@ def run_job(job: Job) -> dict[str, Any]:
             # The truth comes from the outcome table (a miss executes once, uncharged: it is the judge's input).
             world_model = synthetic_world_model(job.judge_cell, job.seed, lambda task, code: dispatcher.entries(
                 [(task, code)])[0].outcome.reward)
-        trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out, dispatcher=dispatcher,
-                                world_model=world_model, callbacks=[on_step])
+        trainer = build_trainer(config, policy=policy, tasks=tasks, held_out=held_out,
+                                dispatcher=dispatcher if virtual is None else VirtualDispatcher(dispatcher, virtual),
+                                world_model=world_model, callbacks=[on_step], waits=virtual)
         evaluate()
         with open(run_dir / "steps.jsonl", "w") as log, contextlib.redirect_stdout(log):  # the trainer's line per step
             trainer.train()
@@ -184,6 +206,8 @@ def run_job(job: Job) -> dict[str, Any]:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     result = {
         "arm": job.arm, "config": job.config, "seed": job.seed, "optimism": job.optimism,
+        "async": None if not asynchronous else {**job.async_anchors, "slots": job.slots[0],
+                                                "anchors": anchors},
         "groups_per_step": job.groups_per_step, "learning_rate": job.learning_rate, "judge_cell": job.judge_cell,
         "stopped_by": "budget" if budgeted and all(totals["cost_s"][p] >= job.budgets[p] for p in pools) else "steps",
         **totals,

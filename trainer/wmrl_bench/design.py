@@ -32,6 +32,13 @@ way; each P's figures read its curve at that P's budget.
 **The pool** (:data:`SLOTS_GRID`): the clock charges each step's executions on P sandbox slots
 (:mod:`.cost`); every run records each step's costs at every P of the sweep.
 
+**Asynchronous anchors** (:data:`ASYNC_WAIT_FRACTIONS`, :data:`LATE_CORRECTIONS`, :data:`ASYNC_CONTROLS`):
+``wmrl`` with ``anchors.waitSeconds`` set, each run on one pool size P, whose slots persist across steps (a late
+execution keeps its slot into the next steps). A step's executions are submitted where the trainer would start
+waiting (after its own compute and the modelled judge, as the synchronous clock charges them), so with
+``waitSeconds`` unbounded the clock is the synchronous one. Not tuned: each runs at wmrl's learning rate chosen
+for its P on the tuning seeds, on the ablation arms' evaluation seeds (paired with real and wmrl), at P's budget.
+
 **The judge** is the paper's: frozen (``learnOnline: false``), the ``learned`` backend's static judge
 with its complexity bias and hash-seeded noise, plus optimism :data:`HEADLINE_OPTIMISM` (v2's headline
 level). The corrections' ablation on a judge whose distortion is known is :mod:`.synthetic_judge`'s grid.
@@ -75,6 +82,24 @@ REFERENCE = ("real", 4, 0.002)
 """(arm, groupsPerStep, learning rate) of the configuration whose cost at ``steps`` steps sets the budget."""
 TUNING_SEED_BASE = 1000
 """Tuning seeds are TUNING_SEED_BASE + k: disjoint from the evaluation seeds 0, 1, ..."""
+
+# Asynchronous anchors (issue 29, item 4), pre-registered before any asynchronous run.
+ASYNC_WAIT_FRACTIONS = (0.0, 0.25)
+"""``anchors.waitSeconds`` of the asynchronous arms, as a fraction of a synchronous wmrl step at the arm's pool
+size P (wmrl at its chosen learning rate: its mean cost per step at P over the tuning seeds): 0 (never wait for
+an anchor) and a quarter of a step. Anchors not done by then are late."""
+LATE_CORRECTIONS = ("token", "none")
+"""How a late anchor group's real rewards enter the gradient of the step they arrive at (``anchors.lateRewards``):
+``token``, the rollout's stored log-probs against the current policy's, a per-token importance ratio truncated
+at :data:`LATE_CLIP_MAX` (the form of TRL's ``vllm_importance_sampling_mode="token_truncate"``); ``none``, as if
+on-policy (ratio 1). Every combination with :data:`ASYNC_WAIT_FRACTIONS` runs. Either way the arrived group's
+advantages are its real rewards normalised within the group, times the step's anchor weight (denoising), and at
+its own step a late group trains on calibrated world-model rewards like any judged group."""
+LATE_CLIP_MAX = 3.0
+"""The truncation of the importance ratio (TRL's default ``vllm_importance_sampling_clip_max``)."""
+ASYNC_CONTROLS = (("drop", 0.0),)
+"""(late handling, wait fraction) run besides: ``drop`` is ``waitSeconds`` as it was before item 4, late
+anchors trained on calibrated world-model rewards and their real rewards never in the gradient."""
 
 BASE_SPEC: dict[str, Any] = {
     "policy": {"model": "builtin:tiny-coder", "rolloutEngine": "transformers",
@@ -123,13 +148,36 @@ def config_name(arm: str, groups_per_step: int, learning_rate: float) -> str:
     return f"{arm}-g{groups_per_step}-lr{learning_rate:g}"
 
 
+def async_variants() -> list[tuple[str, float]]:
+    """Every pre-registered asynchronous arm as (late handling, wait fraction): each correction at each wait
+    fraction, then the controls."""
+    return [(late, fraction) for fraction in ASYNC_WAIT_FRACTIONS for late in LATE_CORRECTIONS] + list(ASYNC_CONTROLS)
+
+
+def async_variant_name(late: str, fraction: float) -> str:
+    """``token-w0``, ``none-w0.25``, ``drop-w0``."""
+    return f"{late}-w{fraction:g}"
+
+
+def async_anchors(late: str, wait_seconds: float) -> dict[str, Any]:
+    """``algorithm.anchors`` of an asynchronous arm: ``waitSeconds`` and, unless it drops late rewards (``drop``),
+    ``lateRewards`` with the correction (``token``, ``sequence`` or ``none``) at :data:`LATE_CLIP_MAX`."""
+    if late not in (*LATE_CORRECTIONS, "sequence", "drop"):
+        raise ValueError(f"unknown late handling {late!r}")
+    anchors: dict[str, Any] = {"waitSeconds": float(wait_seconds)}
+    if late != "drop":
+        anchors["lateRewards"] = {"enabled": True, "correction": late, "clipMax": LATE_CLIP_MAX}
+    return anchors
+
+
 def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dict[str, Any] = BASE_SPEC,
                group_size: Optional[int] = None, groups_per_step: Optional[int] = None,
                learning_rate: Optional[float] = None,
-               held_out: Optional[Sequence[str]] = None, max_turns: int = 1, space: str = "tiny") -> RunConfig:
+               held_out: Optional[Sequence[str]] = None, max_turns: int = 1, space: str = "tiny",
+               anchors: Optional[dict[str, Any]] = None) -> RunConfig:
     """The run of ``arm`` at ``seed`` and judge ``optimism``: the base spec with the arm's fields, nothing else
     (``max_turns`` > 1: the multi-turn tiny coder with that many turns; ``space`` "wide": the wide tiny coder
-    with :data:`WIDE_SETTINGS`)."""
+    with :data:`WIDE_SETTINGS`; ``anchors``: fields merged into ``algorithm.anchors``, an asynchronous arm's)."""
     settings = ARMS[arm]
     spec = json.loads(json.dumps(base))
     spec["mode"] = settings["mode"]
@@ -150,6 +198,8 @@ def arm_config(arm: str, seed: int, steps: int, optimism: float = 0.0, base: dic
         alg["learningRate"] = learning_rate
     if held_out:
         spec["tasks"]["heldOut"] = list(held_out)
+    if anchors:
+        alg.setdefault("anchors", {}).update(json.loads(json.dumps(anchors)))
     if "debiasing" in settings:
         alg.setdefault("debiasing", {})["enabled"] = settings["debiasing"]
         alg.setdefault("denoising", {})["enabled"] = settings["denoising"]
@@ -181,9 +231,14 @@ class Job:
     threads: int = 1
     live: bool = False  # execute every rollout on the sandboxes (no table hits): modelled vs measured cost
     judge_cell: Optional[str] = None  # a synthetic judge of the ablation grid instead of the frozen learned judge
+    # An asynchronous arm (one pool size in ``slots``): {"late": ..., "wait_fraction": ..., "wait_s": ...}.
+    async_anchors: Optional[dict[str, Any]] = None
 
     @property
     def config(self) -> str:
+        if self.async_anchors is not None:
+            variant = async_variant_name(self.async_anchors["late"], self.async_anchors["wait_fraction"])
+            return f"async-{variant}-P{self.slots[0]}-g{self.groups_per_step}-lr{self.learning_rate:g}"
         return config_name(self.arm, self.groups_per_step, self.learning_rate)
 
     def name(self) -> str:

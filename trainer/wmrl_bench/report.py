@@ -208,8 +208,7 @@ def markdown_v3(results: dict[str, Any]) -> str:
                                                      for a in ABLATION_ORDER_REPORT) + " |")
         lines.append("")
     if results.get("async"):
-        lines.append(f"Asynchronous anchors: {'measured' if results['async'].get('measured') else 'not measured'}"
-                     f"{': ' + results['async']['why'] if results['async'].get('why') else ''}.\n")
+        lines.append(async_markdown(results["async"]))
     if results.get("tests"):
         lines += ["#### Every test of this run (Holm over all of them)\n",
                   "| test | kind | n | p | p (Holm, run) |", "| --- | --- | ---: | ---: | ---: |"]
@@ -218,6 +217,50 @@ def markdown_v3(results: dict[str, Any]) -> str:
 
 
 ABLATION_ORDER_REPORT = ("none", "denoise", "debias", "wmrl")
+
+LATE_LABELS = {"token": "late rewards, token IS", "sequence": "late rewards, sequence IS",
+               "none": "late rewards, no correction", "drop": "late rewards dropped"}
+
+
+def _num(value: Optional[float], fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def async_markdown(section: dict[str, Any]) -> str:
+    """The JSON's ``async``: per pool size, every asynchronous arm at the budget against the best real
+    configuration, its manipulation checks, and per arm whether it beats the best real configuration at every P."""
+    if not section.get("measured"):
+        return f"Asynchronous anchors: not measured{': ' + section['why'] if section.get('why') else ''}.\n"
+    lines = [f"#### Asynchronous anchors (waitSeconds at {section['wait_fractions']} of a synchronous wmrl step; "
+             f"importance ratio truncated at {section['clip_max']:g})\n",
+             "| P | arm | waitSeconds | steps at budget | late share | late groups trained / step | "
+             "IS weight (truncated) | reward at budget | - best real (t-interval) | time to target (s) | "
+             "speedup vs best real |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
+    for p, pool in section["slots"].items():
+        wmrl = pool.get("wmrl") or {}
+        sync = "not reached" if wmrl.get("speedup") is None else f"{wmrl['speedup']:.2f}x"
+        lines.append(f"| {p} | synchronous `{wmrl.get('config')}` (target {pool['target_reward']:.3f}, "
+                     f"`{pool['best_real']}`) | | | | | | {_num(wmrl.get('final_reward'), '.3f')} | | | {sync} |")
+        for name, arm in pool["variants"].items():
+            checks = arm["checks"]
+            weight = ("n/a" if checks["importance_weight_mean"] is None else
+                      f"{checks['importance_weight_mean']:.2f} ({_num(checks['truncated_share'], '.0%')})")
+            t = arm["time_to_target_s"]
+            speed = "not reached within the budget" if t is None else ("at start" if t == 0 else f"{arm['speedup']:.2f}x")
+            capped = arm.get("capped_before_budget") or 0
+            steps = f"{arm['steps_at_budget']:.1f}" + (f" ({capped} of {len(arm['seeds'])} at the step cap)" if capped else "")
+            lines.append(f"| {p} | `{name}` ({LATE_LABELS.get(arm['late'], arm['late'])}) | {arm['wait_s']:.3f} | "
+                         f"{steps} | {_num(checks['late_share'], '.0%')} | {_num(checks['late_trained_per_step'], '.2f')} | "
+                         f"{weight} | {arm['final_reward']:.3f} +- {arm['final_reward_std']:.3f} | "
+                         f"{_interval(arm.get('vs_best_real'))} | {_fmt(t, 1)} | {speed} |")
+    lines.append("")
+    goal = section.get("goal") or {}
+    for name, arm in (goal.get("arms") or {}).items():
+        per = ", ".join(f"P = {p}: {'yes' if ok else 'no'}" for p, ok in arm["per_pool"].items())
+        lines.append(f"- `{name}` beats the best real configuration at the budget at every P: "
+                     f"**{'yes' if arm['every_pool'] else 'no'}** ({per})")
+    return "\n".join(lines) + "\n"
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -276,6 +319,11 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
                               label=ARM_LABELS.get(name, name),
                               linewidth=2.2 if name in ("real", "wmrl") else 1.2)
             ax.fill_between(x, reward - std, reward + std, color=line.get_color(), alpha=0.15)
+    head = str(results.get("headline_slots"))
+    for name, arm in (((results.get("async") or {}).get("slots") or {}).get(head) or {}).get("variants", {}).items():
+        curve = arm["curve"]
+        for ax, key in ((axes[0], "cost_s"), (axes[1], "executions")):
+            ax.plot(curve[key], curve["reward"], linestyle="--", linewidth=1.2, label=f"async {name}")
     clock = "training wall-clock (s)" if results.get("version", 1) < 2 else "modelled compute (s)"
     if results.get("version") == 3:
         clock += f", {results['headline_slots']} sandbox slots"

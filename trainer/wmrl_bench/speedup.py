@@ -17,6 +17,11 @@ makespan of the step's executions on P sandbox slots, each at its duration measu
 outcome table (:mod:`.outcome_table`). The ``worldModel`` arm is capped by steps, as is every run for
 safety (``--cap``).
 
+**Asynchronous anchors** (:mod:`.async_clock`, :mod:`.async_analysis`): wmrl with ``anchors.waitSeconds`` at
+the pre-registered fractions of a synchronous wmrl step and late real rewards in the gradient (with and without
+the importance correction, and dropped as a control), each on one pool size whose slots persist across steps,
+judged against the same target at the same budget.
+
 **Judged at the budget** (:mod:`.analysis`): the target is the best real configuration's (chosen on
 the tuning seeds) mean held-out reward at the budget, so its time to target is the budget; wmrl's
 speedup is the budget over the time its mean curve reaches that target, "not reached within the
@@ -44,9 +49,12 @@ import numpy as np
 from wmrl_bench import report
 from wmrl_bench.analysis import ablation_summary, choose, holm_over_run, judge_grid_summary, pool_summary
 from wmrl_bench.arm_run import policy_scripts, run_job
-from wmrl_bench.design import (ABLATION_ORDER, ARMS, BASE_SPEC, EVAL_TRAJECTORIES, GROUPS_PER_STEP_GRID,
-                               HEADLINE_OPTIMISM, HEADLINE_SLOTS, LR_GRID, PRESETS, SLOTS_GRID, Job, arm_config,
-                               config_name, evaluation_configs, evaluation_seeds, tuning_configs, tuning_seeds)
+from wmrl_bench.async_analysis import async_goal, async_pool_summary
+from wmrl_bench.design import (ABLATION_ORDER, ARMS, ASYNC_CONTROLS, ASYNC_WAIT_FRACTIONS, BASE_SPEC,
+                               EVAL_TRAJECTORIES, GROUPS_PER_STEP_GRID, HEADLINE_OPTIMISM, HEADLINE_SLOTS,
+                               LATE_CLIP_MAX, LATE_CORRECTIONS, LR_GRID, PRESETS, SLOTS_GRID, Job, arm_config,
+                               async_variant_name, async_variants, config_name, evaluation_configs,
+                               evaluation_seeds, tuning_configs, tuning_seeds)
 from wmrl_bench.synthetic_judge import JUDGE_GRID, PREDICTIONS
 from wmrl_bench.outcome_table import OutcomeTable, TableDispatcher
 from wmrl_demo.demo_policy import load_builtin
@@ -118,6 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         f"pre-registered {SLOTS_GRID}; the headline is {HEADLINE_SLOTS})")
     parser.add_argument("--judge-grid", help="synthetic-judge cells for the corrections' ablation, comma-separated, "
                                              "'all' or 'none' (default: the preset's)")
+    parser.add_argument("--async-arms", help="asynchronous-anchor arms, comma-separated, 'all' or 'none' (default: "
+                                             f"all of {[async_variant_name(*v) for v in async_variants()]} for "
+                                             "single-turn presets with wmrl, none for --multiturn)")
     parser.add_argument("--bias", type=float, default=HEADLINE_OPTIMISM,
                         help=f"the frozen judge's optimism (default {HEADLINE_OPTIMISM}, fixed before any run)")
     parser.add_argument("--steps", type=int, help="the reference configuration's steps, which set the budget "
@@ -157,6 +168,19 @@ def _judge_cells(text: Optional[str], preset: dict[str, Any]) -> list[str]:
                                                                         else chosen)
 
 
+def _async_arms(text: Optional[str], arms: Sequence[str], max_turns: int) -> list[tuple[str, float]]:
+    """The asynchronous arms to run, as (late handling, wait fraction): ``--async-arms`` (names, 'all' or
+    'none'), else all of them when wmrl runs single-turn (anchors.waitSeconds is single-turn only)."""
+    known = {async_variant_name(*v): v for v in async_variants()}
+    if text is None:
+        return list(known.values()) if "wmrl" in arms and max_turns == 1 else []
+    if text == "none":
+        return []
+    if text == "all":
+        return list(known.values())
+    return [known[name] for name in _csv(text, str)] if all(n in known for n in _csv(text, str)) else [("?", -1.0)]
+
+
 def main(args: argparse.Namespace) -> int:
     quiet_libraries()
     chosen_presets = [name for name in ("quick", "multiturn", "wide") if getattr(args, name)]
@@ -191,6 +215,12 @@ def main(args: argparse.Namespace) -> int:
                         f"learning rate {base_lr:g} (the reference sets the budget)")
     if any(g < 1 for g in real_groups) or any(not 0 < lr < 1 for lr in lrs) or any(int(p) < 1 for p in pools):
         problems.append("--real-groups and --slots must be >= 1, --lrs in (0, 1)")
+    variants = _async_arms(args.async_arms, arms, max_turns)
+    if ("?", -1.0) in variants:
+        problems.append(f"--async-arms: choose from {[async_variant_name(*v) for v in async_variants()]}, "
+                        "'all' or 'none'")
+    elif variants and ("wmrl" not in arms or max_turns != 1):
+        problems.append("--async-arms needs the wmrl arm and single turns (anchors.waitSeconds is single-turn only)")
     bad_cells = sorted(set(cells) - {c.name for c in JUDGE_GRID})
     if bad_cells:
         problems.append(f"--judge-grid: unknown cells {bad_cells}; known: {[c.name for c in JUDGE_GRID]}")
@@ -232,11 +262,12 @@ def main(args: argparse.Namespace) -> int:
             if args.live:
                 return _live(args, steps, base_groups, common, log, started, warm)
 
-            def job(arm: str, groups: int, lr: float, seed: int, budgets: Optional[dict], cell: Optional[str] = None) -> Job:
+            def job(arm: str, groups: int, lr: float, seed: int, budgets: Optional[dict], cell: Optional[str] = None,
+                    **extra: Any) -> Job:
                 scale = base_groups / groups if arm == "real" else 1.0
                 cap = steps if budgets is None else int(math.ceil(steps * args.cap * scale))
                 return Job(arm=arm, seed=seed, groups_per_step=groups, learning_rate=lr, steps=cap, budgets=budgets,
-                           judge_cell=cell, **common)
+                           judge_cell=cell, **{**common, **extra})
 
             tune = tuning_seeds(tuning_n)
             reference = run_jobs([job("real", base_groups, base_lr, s, None) for s in tune], args.workers, log)
@@ -255,7 +286,15 @@ def main(args: argparse.Namespace) -> int:
             eval_jobs = [job(a, g, lr, s, budgets)
                          for a, g, lr in evaluation_configs(arms, real_groups, lrs, base_groups, wmrl_lrs, ablation_lr)
                          for s in evaluation_seeds(a, seeds, ablation_seeds)]
-            eval_runs = run_jobs(eval_jobs, args.workers, log)
+            # Asynchronous arms: wmrl at its rate chosen for P, waitSeconds a fraction of its synchronous step at P.
+            sync_step_s = {p: _step_seconds(tuning_by_config.get(chosen[p]["wmrl"] or "", []), p) for p in pools}
+            async_jobs = [job("wmrl", base_groups, chosen[p]["wmrl_learning_rate"], s, {p: budgets[p]},
+                              slots=(int(p),), async_anchors={"late": late, "wait_fraction": fraction,
+                                                              "wait_s": fraction * sync_step_s[p]})
+                          for p in pools if chosen[p]["wmrl"] and sync_step_s[p] is not None
+                          for late, fraction in variants for s in evaluation_seeds("wmrl", seeds, ablation_seeds)]
+            all_runs = run_jobs(eval_jobs + async_jobs, args.workers, log)
+            eval_runs, async_runs = all_runs[:len(eval_jobs)], all_runs[len(eval_jobs):]
             grid_runs = run_jobs([job(a, base_groups, ablation_lr, s, budgets, cell) for cell in cells
                                   for a in ABLATION_ORDER for s in range(grid_seeds)], args.workers, log)
     finally:
@@ -275,6 +314,8 @@ def main(args: argparse.Namespace) -> int:
     tests += ablation["tests"] if ablation else []
     judge_grid = judge_grid_summary(grid_runs, cells, headline, budgets[headline], PREDICTIONS)
     tests += judge_grid["tests"]
+    asynchronous = _async_section(async_runs, pools_out, by_config, budgets, sync_step_s, variants)
+    tests += [t for pool in asynchronous.get("slots", {}).values() for t in pool["tests"]]
     tests = holm_over_run(tests)
     top = pools_out[headline]
     results = {
@@ -295,12 +336,10 @@ def main(args: argparse.Namespace) -> int:
         "real_arms": {n: top["configs"][n] for n in top["configs"] if n.startswith("real-")},
         "slots": pools_out,
         "ablation": ablation,
-        "async": {"measured": False,
-                  "why": "late anchors' real rewards do not yet enter the gradient (no off-policy correction): "
-                         "every arm here waits for its anchors"},
+        "async": asynchronous,
         "judge_grid": judge_grid,
         "tests": tests,
-        "runs": reference + tuning_runs + eval_runs + grid_runs,
+        "runs": reference + tuning_runs + eval_runs + grid_runs + async_runs,
         "wall_clock_s": time.perf_counter() - started,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -311,6 +350,35 @@ def main(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(report.markdown_table(results))
     print(json.dumps(results, default=_json_default))
     return 0
+
+
+def _step_seconds(runs: Sequence[dict[str, Any]], pool: str) -> Optional[float]:
+    """A configuration's mean cost per step at ``pool`` over ``runs`` (None without runs)."""
+    per_run = [r["cost_s"][pool] / r["steps"] for r in runs if r["steps"]]
+    return float(np.mean(per_run)) if per_run else None
+
+
+def _async_section(runs: Sequence[dict[str, Any]], pools: dict[str, dict[str, Any]],
+                   by_config: dict[str, list[dict[str, Any]]], budgets: dict[str, float],
+                   sync_step_s: dict[str, Optional[float]], variants: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """The JSON's ``async``: the pre-registered settings, every asynchronous arm at every pool size, the goal."""
+    if not variants:
+        return {"measured": False, "why": "no asynchronous arm ran (--async-arms none, no wmrl arm, or multi-turn)"}
+    out: dict[str, Any] = {
+        "measured": True, "arms": [async_variant_name(*v) for v in variants],
+        "wait_fractions": list(ASYNC_WAIT_FRACTIONS), "corrections": list(LATE_CORRECTIONS),
+        "controls": [async_variant_name(*v) for v in ASYNC_CONTROLS], "clip_max": LATE_CLIP_MAX,
+        "sync_step_s": sync_step_s, "slots": {}}
+    for p, pool in pools.items():
+        mine = [r for r in runs if str(r["async"]["slots"]) == p]
+        if not mine:
+            continue
+        out["slots"][p] = async_pool_summary(mine, p, budgets[p], pool["target_reward"], by_config[pool["best_real"]],
+                                             pool["best_real"], by_config.get(pool["wmrl"] or "", []))
+        out["slots"][p]["wmrl"] = {"config": pool["wmrl"], "speedup": pool["speedup"],
+                                   "final_reward": (pool["configs"].get(pool["wmrl"] or "") or {}).get("final_reward")}
+    out["goal"] = async_goal(out["slots"])
+    return out
 
 
 def _group(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -213,7 +213,7 @@ def _ensure_loadable(model: Any, tokenizer: Any, directory: Path) -> None:
 def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequence[Task]] = None,
                   world_model: Any = None, dispatcher: Any = None, calibration: Any = None,
                   callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None,
-                  rollouts_dir: Optional[str] = None, evaluate: bool = True) -> WMRLTrainer:
+                  rollouts_dir: Optional[str] = None, evaluate: bool = True, waits: Any = None) -> WMRLTrainer:
     """A ready :class:`WMRLTrainer`; anything not given is built from ``config`` (see the module docstring).
 
     ``policy`` is ``(model, tokenizer)``; ``tasks`` are the training tasks (held-out tasks are
@@ -221,7 +221,8 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     there (``spec.logging.trajectories`` logs sampled trajectories in full under the checkpoint
     dir, :mod:`wmrl_trainer.trajectory_log`). With held-out tasks and ``evaluate``, rank 0 evaluates them per ``spec.evaluation``
     through the sandbox dispatcher (built for it in mode worldModel too, when the runtime names
-    sandboxes). What this function builds itself it also closes.
+    sandboxes). What this function builds itself it also closes. ``waits``: how the step waits for its
+    executions (default :class:`wmrl_trainer.loop.RealTime`; the speedup benchmark's is a virtual clock).
     """
     # torch, datasets and TRL (grpo) load when a trainer is built, so importing this module stays light.
     import torch
@@ -280,7 +281,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading:
         step = WMRLStep(mode, alg, world_model=world_model, dispatcher=dispatcher, calibration=calibration,
                         selector=selector, execution_timeout=spec.sandbox.timeout_seconds + 60,
-                        anchor_wait=spec.algorithm.anchors.wait_seconds,
+                        anchor_wait=spec.algorithm.anchors.wait_seconds, waits=waits,
                         cases=CaseRecorder.from_spec(spec, config.runtime.checkpoint_dir, config.metadata.name))
     by_name = {t.name: t for t in tasks}
     prompts = {t.name: make_prompt(t, tokenizer) for t in tasks}
@@ -297,6 +298,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
         max_turns=alg.max_turns, max_trajectory_tokens=alg.max_trajectory_tokens, world=world,
         rollouts_dir=rollouts_dir, rollout_weights_dir=Path(config.runtime.checkpoint_dir) / "rollout-weights",
         trajectory_logger=TrajectoryLogger.from_spec(spec, config.runtime.checkpoint_dir, world.rank),
+        late_rewards=alg.anchors.late_rewards if alg.anchors.late_rewards.enabled else None,
     )
     from transformers.trainer_callback import PrinterCallback
 

@@ -12,7 +12,12 @@ What it changes, and nothing else:
   excluded from each group's mean and std), anchor-group rows are multiplied by the
   anchor weight AFTER the normalisation (:func:`wmrl.advantages.apply_anchor_weight`),
   and ungraded rows are removed from the loss by zeroing their ``completion_mask``
-  (``num_items_in_batch`` is recounted so token-normalised losses stay right).
+  (``num_items_in_batch`` is recounted so token-normalised losses stay right);
+* with ``anchors.lateRewards`` (:mod:`wmrl_trainer.late`), each late anchor group's rows are
+  kept (tokens and the sampling policy's log-probs) and, at the step its real rewards arrive,
+  appended to that step's batch with per-token advantages (real-reward advantage x truncated
+  importance ratio). Every rank keeps its own rows of a late group and appends them; every
+  rank runs the same log-prob passes for them (a stand-in row where it holds none), as FSDP needs.
 
 TRL internals relied on (checked by ``tests/trainer/test_grpo_trl_internals.py``, which
 fails loudly when they change):
@@ -74,7 +79,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -83,6 +88,7 @@ from trl import GRPOTrainer
 from wmrl.advantages import apply_anchor_weight, grpo_advantages
 from wmrl.tasks import Task
 from wmrl_trainer.distributed import World
+from wmrl_trainer.late import LateRow, append_rows, importance_weights, late_advantages, pad_rows
 from wmrl_trainer.loop import Scored, WMRLStep, extract_code
 from wmrl_trainer.sampling import completion_text, default_trajectory_tokens, observation_ids
 from wmrl_trainer.trajectory_log import TrajectoryLogger, trajectory_entry, turn_log
@@ -119,10 +125,16 @@ class WMRLGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, wmrl_step: Optional[WMRLStep], tasks: dict[str, Task], max_turns: int = 1,
                  max_trajectory_tokens: Optional[int] = None, world: World = World(),
                  rollouts_dir: Optional[str] = None, rollout_weights_dir: Optional[Path] = None,
-                 trajectory_logger: Optional[TrajectoryLogger] = None, **kwargs: Any):
+                 trajectory_logger: Optional[TrajectoryLogger] = None, late_rewards: Any = None, **kwargs: Any):
+        """``late_rewards``: ``spec.algorithm.anchors.lateRewards`` when enabled (None: late anchors' real rewards
+        never reach the gradient)."""
         if max_turns < 1:
             raise ValueError(f"spec.algorithm.maxTurns must be at least 1, got {max_turns}")
+        if late_rewards is not None and max_turns != 1:
+            raise ValueError("spec.algorithm.anchors.lateRewards applies only to maxTurns: 1")
         self.wmrl_step = wmrl_step
+        self.late_rewards = late_rewards
+        self._late_rows: dict[tuple[int, int], list[LateRow]] = {}  # (step, group) -> this rank's rows of it
         self.wmrl_tasks = tasks
         self.max_turns = int(max_turns)
         self.world = world
@@ -178,12 +190,102 @@ class WMRLGRPOTrainer(GRPOTrainer):
         if self.trajectory_logger is not None:
             self._log_trajectories(inputs, scored, mine, advantages, graded)
         device = output["advantages"].device
+        if self.late_rewards is not None:  # before the mask loses the late groups' ungraded-now rows
+            self._keep_late_rows(output, scored, mine)
         output["advantages"] = torch.tensor(advantages, dtype=output["advantages"].dtype, device=device)
         keep = torch.tensor(graded, dtype=output["completion_mask"].dtype, device=device).unsqueeze(1)
         output["completion_mask"] = output["completion_mask"] * keep
+        if self.late_rewards is not None:
+            output = self._add_arrivals(output, scored)
         loss_mask = output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()  # over all ranks, as TRL's
         return output
+
+    # ---------------------------------------------------------------- late anchors (anchors.lateRewards)
+    def _rows_of(self, output: dict[str, Any], local: Sequence[int], logps: Optional[torch.Tensor]) -> list[LateRow]:
+        """This rank's batch rows ``local`` as :class:`LateRow` (row index within the group unset: 0), with ``logps``
+        (per completion token) as their behaviour log-probs."""
+        rows = []
+        for k, j in enumerate(local):
+            prompt = output["prompt_ids"][j][output["prompt_mask"][j].bool()].tolist()
+            n = int(output["completion_mask"][j].sum())  # TRL's mask: a prefix, up to the EOS
+            completion = output["completion_ids"][j][:n].tolist()
+            behaviour = [0.0] * n if logps is None else logps[k][:n].float().tolist()
+            rows.append(LateRow(0, tuple(prompt), tuple(completion), tuple(behaviour)))
+        return rows
+
+    def _policy_logps(self, late: dict[str, torch.Tensor], model: Any) -> torch.Tensor:
+        """Per-token log-probs of padded late rows (:func:`wmrl_trainer.late.pad_rows`) under ``model``, no gradient."""
+        from trl.models.utils import disable_gradient_checkpointing
+
+        ids = torch.cat([late["prompt_ids"], late["completion_ids"]], dim=1)
+        mask = torch.cat([late["prompt_mask"], late["completion_mask"]], dim=1)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(model, ids, mask, late["completion_ids"].shape[1],
+                                                                  batch_size=self.args.per_device_train_batch_size)
+        return logps
+
+    def _keep_late_rows(self, output: dict[str, Any], scored: Scored, mine: slice) -> None:
+        """Keep this rank's rows of the batch's late anchor groups with the log-probs of the policy that sampled
+        them: vLLM's sampling log-probs or TRL's old ones when the batch has them, else the policy's now (it has
+        not been updated since it generated them)."""
+        size = self.num_generations
+        wanted = [(g, row, row - mine.start) for g in scored.late_groups for row in range(g * size, (g + 1) * size)
+                  if mine.start <= row < mine.stop]
+        if not wanted:
+            return
+        local = [j for _, _, j in wanted]
+        stored = output.get("sampling_per_token_logps")
+        stored = output.get("old_per_token_logps") if stored is None else stored
+        if stored is not None:
+            logps = stored[local]
+        else:
+            padded = pad_rows(self._rows_of(output, local, None), self.processing_class.pad_token_id,
+                              output["prompt_ids"].device)
+            logps = self._policy_logps(padded, self.model)
+        for (g, row, _), kept in zip(wanted, self._rows_of(output, local, logps)):
+            key = (scored.record.step, g)
+            self._late_rows.setdefault(key, []).append(dataclasses.replace(kept, row=row - g * size))
+
+    def _add_arrivals(self, output: dict[str, Any], scored: Scored) -> dict[str, Any]:
+        """Append this rank's rows of the late groups whose real rewards arrived (:func:`wmrl_trainer.late.append_rows`)."""
+        for key in scored.late_expired:
+            self._late_rows.pop(key, None)
+        if not scored.arrivals:
+            return output
+        rows, advantages = [], []
+        for arrival in scored.arrivals:
+            group = late_advantages(arrival.real, scored.weight)
+            for row in self._late_rows.pop((arrival.step, arrival.group), []):
+                rows.append(row)
+                advantages.append(group[row.row])
+        # Every rank runs the same log-prob passes (collective under FSDP): a stand-in row where it holds none.
+        stand_in = self._rows_of(output, [0], None)
+        late = pad_rows(rows or stand_in, self.processing_class.pad_token_id, output["prompt_ids"].device)
+        current = self._policy_logps(late, self.model)
+        ref = None
+        if self.beta != 0.0:
+            if self.ref_model is None:
+                raise RuntimeError("spec.algorithm.anchors.lateRewards needs TRL's reference model (a PEFT policy "
+                                   "has none)")
+            ref = self._policy_logps(late, self.ref_model)
+        record = scored.record
+        record.late_trained = len(scored.arrivals)
+        if not rows:
+            return output
+        spec = self.late_rewards
+        mask = late["completion_mask"]
+        weights, truncated = importance_weights(current, late["behaviour_logps"], mask, spec.correction, spec.clip_max)
+        adv = torch.tensor(advantages, dtype=weights.dtype, device=weights.device)
+        graded = ~torch.isnan(adv)
+        late["completion_mask"] = mask * graded.unsqueeze(1).to(mask.dtype)  # failed executions: out of the loss
+        per_token = torch.where(graded, adv, torch.zeros_like(adv)).unsqueeze(1) * weights
+        tokens = (late["completion_mask"] > 0)
+        if tokens.any():
+            record.late_weight_mean = float(weights[tokens].mean())
+            record.late_clipped_share = float(truncated[tokens].float().mean())
+        return append_rows(output, late, per_token, pad_token_id=self.processing_class.pad_token_id,
+                           multiple=self.args.steps_per_generation, ref_logps=ref, current_logps=current)
 
     def _generate(self, prompts: list) -> tuple:
         if self.max_turns > 1:  # the rollout grades every turn itself

@@ -25,10 +25,13 @@ Off the critical path (``anchor_wait`` seconds, opt-in): in mode ``wmrl`` the tr
 waits at most that long for anchors after the world model is done. Anchor groups not
 finished by then are *late*: this step trains them on (calibrated) world-model rewards
 like any other group, and their (WM, real) pairs reach the calibration and the learned
-world model at the first step after they finish. The paper's semantics (every anchor
+world model at the first step after they finish, whose :class:`Scored` lists them as
+``arrivals`` (its step, group and real rewards) for the trainer to train on
+(``anchors.lateRewards``, :mod:`wmrl_trainer.late`). The paper's semantics (every anchor
 group trained on real rewards, deterministic given the seed) is the default
 (``anchor_wait=None``: wait up to ``execution_timeout``). Late groups still running at a
-checkpoint are not saved: a restart loses at most those pairs.
+checkpoint are not saved: a restart loses at most those pairs. How the step waits is
+``waits``' (:class:`RealTime`: on the wall clock; the speedup benchmark's clock is virtual).
 
 Mode ``real`` executes every rollout (a failed execution is ungraded); mode
 ``worldModel`` only asks the world model (no anchors, no correction). Ungraded rows
@@ -94,6 +97,21 @@ class Scored:
     """Single turns: the real outcome of every row, ``[n_groups][G]`` (None: not executed, failed or late)."""
     turn_log: Optional[dict] = None
     """Rows picked for the trajectory log -> their turns' grades (:mod:`wmrl_trainer.trajectory_log`)."""
+    late_groups: list[int] = field(default_factory=list)
+    """This batch's anchor groups that were late (trained on world-model rewards now, real ones to come)."""
+    arrivals: list["Arrival"] = field(default_factory=list)
+    """Late anchor groups of earlier batches whose real rewards arrived by this step."""
+    late_expired: list[tuple[int, int]] = field(default_factory=list)
+    """(step, group) of late groups given up this step (every row failed, or past the execution timeout)."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A late anchor group's real rewards: group ``group`` of step ``step``'s batch, ``real`` per row (NaN: failed)."""
+
+    step: int
+    group: int
+    real: np.ndarray
 
 
 @dataclass
@@ -148,6 +166,19 @@ def _await_executions(executions: dict[tuple[int, int], cf.Future], wait: float)
     return {key for key, future in executions.items() if future in not_done}
 
 
+class RealTime:
+    """How a step waits for its executions: on the wall clock. (The speedup benchmark swaps in a virtual
+    clock with the same two methods, :class:`wmrl_bench.async_clock.VirtualTime`.)"""
+
+    def running_after(self, executions: dict[tuple[int, int], cf.Future], wait: float) -> set[tuple[int, int]]:
+        """Wait at most ``wait`` seconds for ``executions`` (a step's, in submission order); the keys still running."""
+        return _await_executions(executions, wait) if executions else set()
+
+    def finished(self, futures: Sequence[cf.Future]) -> bool:
+        """Whether every one of ``futures`` (a late group's executions) has finished by now."""
+        return all(f.done() for f in futures)
+
+
 def _abandon(executions: dict[tuple[int, int], cf.Future], keys: set[tuple[int, int]], wait: float) -> None:
     """Give up on the executions ``keys`` that missed the deadline (they count as failed)."""
     for key in keys:
@@ -195,6 +226,7 @@ class WMRLStep:
         execution_timeout: float = 660.0,
         anchor_wait: Optional[float] = None,
         clock: Callable[[], float] = time.perf_counter,
+        waits: Any = None,
         cases: Any = None,
     ):
         self.mode = Mode(mode)
@@ -208,6 +240,7 @@ class WMRLStep:
         self._late: list[_LateGroup] = []
         self._scores_checked = False
         self.clock = clock
+        self.waits = waits if waits is not None else RealTime()
         self.cases = cases if self.mode is Mode.WMRL else None
         """Mode wmrl: the anchors' fidelity cases go here (:class:`wmrl_trainer.fidelity.recorder.CaseRecorder`)."""
         if self.mode is not Mode.REAL and world_model is None:
@@ -299,16 +332,17 @@ class WMRLStep:
         # are ungraded (NaN), the others keep their real rewards. Only a group with no executed row is dropped.
         anchors = [g for g in pending.anchors
                    if g not in late and any((g, i) not in failed for i in range(group_size))]
+        record.late_anchors = len(late)
+        record.dropped_anchors = len(pending.anchors) - len(anchors) - len(late) if self.mode is Mode.WMRL else 0
+        arrivals, expired = self._fold_late(record)  # earlier steps' late groups: a group arrives at a later step
         for g in late:  # real results still coming: fold them into calibration when they arrive
             self._late.append(_LateGroup(pending, g, wm[g].copy(), self.clock() + self.execution_timeout,
                                          list(wm_outcomes[g])))
-        record.late_anchors = len(late)
-        record.dropped_anchors = len(pending.anchors) - len(anchors) - len(late) if self.mode is Mode.WMRL else 0
         groups = [_AnchorGroup(pending.tasks[g], pending.codes[g], wm[g], real[g],
                                [outcomes.get((g, i)) for i in range(group_size)], list(wm_outcomes[g]),
                                {"step": pending.step, "group": g})
                   for g in anchors]
-        groups += self._fold_late(record)
+        groups += [ready for ready, _ in arrivals]
         pairs = [(group.task, group.wm, group.real) for group in groups]
         observed = [(group.task, code, outcome) for group in groups
                     for code, outcome in zip(group.codes, group.outcomes)]
@@ -320,6 +354,9 @@ class WMRLStep:
             if outcome is not None])
         scored.wm_outcomes = wm_outcomes
         scored.real_outcomes = [[outcomes.get((g, i)) for i in range(group_size)] for g in range(n_groups)]
+        scored.late_groups = list(late)
+        scored.arrivals = [arrival for _, arrival in arrivals]
+        scored.late_expired = expired
         return scored
 
     def _record_cases(self, record: StepRecord, cases: list[AnchorCase]) -> None:
@@ -469,9 +506,9 @@ class WMRLStep:
         real = np.full((n_groups, group_size), np.nan)
         outcomes: dict[tuple[int, int], Outcome] = {}
         failed: set[tuple[int, int]] = set()
+        running = self.waits.running_after(pending.executions, wait)
         if not pending.executions:
             return real, outcomes, failed, []
-        running = _await_executions(pending.executions, wait)
         keep_late = self.mode is Mode.WMRL and self.anchor_wait is not None
         late = sorted({key[0] for key in running}) if keep_late else []
         if not keep_late:
@@ -488,36 +525,40 @@ class WMRLStep:
                 real[key] = outcome.reward
         return real, outcomes, failed, late
 
-    def _fold_late(self, record: StepRecord) -> list["_AnchorGroup"]:
-        """Late anchor groups whose executions have all finished; drops expired ones.
+    def _fold_late(self, record: StepRecord) -> tuple[list[tuple["_AnchorGroup", Arrival]], list[tuple[int, int]]]:
+        """Late anchor groups whose executions have all finished, with their :class:`Arrival`, and the (step,
+        group) of those given up (expired, or no row executed).
 
         As for a group on time, failed rows are left out (outcome ``None``, real reward NaN) and the
         group is dropped only when none of its rows was executed.
         """
-        ready, waiting = [], []
+        ready, waiting, expired = [], [], []
         for item in self._late:
             futures = [item.pending.executions[(item.group, i)] for i in range(len(item.wm))]
-            if all(f.done() for f in futures):
+            if self.waits.finished(futures):
                 outcomes = [_result(f, (item.group, i)) for i, f in enumerate(futures)]
                 with item.pending.lock:
                     record.sandbox_seconds += sum(item.pending.durations.get((item.group, i), 0.0)
                                                   for i in range(len(futures)))
                 if any(o is not None for o in outcomes):
                     real = np.array([_reward_or_nan(o) for o in outcomes], dtype=float)
-                    ready.append(_AnchorGroup(item.pending.tasks[item.group], item.pending.codes[item.group], item.wm,
-                                              real, outcomes, item.wm_outcomes,
-                                              {"step": item.pending.step, "group": item.group, "late": True}))
+                    ready.append((_AnchorGroup(item.pending.tasks[item.group], item.pending.codes[item.group],
+                                               item.wm, real, outcomes, item.wm_outcomes,
+                                               {"step": item.pending.step, "group": item.group, "late": True}),
+                                  Arrival(item.pending.step, item.group, real)))
                 else:
                     record.dropped_anchors += 1
+                    expired.append((item.pending.step, item.group))
             elif self.clock() > item.expires:
                 for f in futures:
                     f.cancel()
                 record.dropped_anchors += 1
+                expired.append((item.pending.step, item.group))
             else:
                 waiting.append(item)
         self._late = waiting
         record.late_folded = len(ready)
-        return ready
+        return ready, expired
 
     def _check_measured_scores(self, view: dict) -> None:
         """Warn once when the calibration measures the disagreement on other scores than this trainer uses.

@@ -32,6 +32,11 @@ class StepRecord:
     dropped_anchors: int = 0
     late_anchors: int = 0
     late_folded: int = 0
+    # anchors.lateRewards: late groups whose real rewards entered this step's gradient, and (rank 0's rows) the
+    # mean importance weight of their tokens and the share of tokens whose ratio was truncated.
+    late_trained: int = 0
+    late_weight_mean: Optional[float] = None
+    late_clipped_share: Optional[float] = None
     bias_reduction: Optional[float] = None
     weight: Optional[float] = None
     executions: int = 0

@@ -158,6 +158,10 @@ class WMRLTrainer:
         for callback in self.callbacks:
             callback(record)
 
+    def step_seconds(self) -> float:
+        """Seconds since the current step started (its record's ``total`` counts from the same moment)."""
+        return time.perf_counter() - self._step_started
+
     def request_stop(self, *_: Any) -> None:
         """Checkpoint after the current step and stop (the SIGTERM handler)."""
         self.stop_requested.set()

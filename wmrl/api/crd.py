@@ -29,8 +29,9 @@ from typing import Any
 
 import yaml
 
-from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, FIXED_SCRIPTS, FIXED_SCRIPTS_NEEDS_SCRIPTS, GROUP, KIND, PLURAL,
-                             SHORT_NAMES, SINGULAR, TRAINER_SHARED_CHECKPOINTS, VERSION, WMRLRunSpec, WMRLRunStatus)
+from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, FIXED_SCRIPTS, FIXED_SCRIPTS_NEEDS_SCRIPTS, GROUP, KIND,
+                             LATE_REWARDS_NEED_WAIT, PLURAL, SHORT_NAMES, SINGULAR, TRAINER_SHARED_CHECKPOINTS, VERSION,
+                             WMRLRunSpec, WMRLRunStatus)
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
@@ -100,6 +101,15 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "rule": "!has(self.anchors) || !has(self.anchors.waitSeconds) || (has(self.maxTurns) && self.maxTurns == 1)",
             "message": ANCHOR_WAIT_SINGLE_TURN,
             "fieldPath": ".anchors.waitSeconds",
+            "reason": "FieldValueInvalid",
+        }
+    ],
+    ("algorithm", "anchors"): [
+        {
+            "rule": "!has(self.lateRewards) || !has(self.lateRewards.enabled) || !self.lateRewards.enabled "
+                    "|| has(self.waitSeconds)",
+            "message": LATE_REWARDS_NEED_WAIT,
+            "fieldPath": ".lateRewards.enabled",
             "reason": "FieldValueInvalid",
         }
     ],

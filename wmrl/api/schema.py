@@ -256,6 +256,26 @@ ANCHOR_WAIT_SINGLE_TURN = ("spec.algorithm.anchors.waitSeconds applies only to m
                            "trajectory needs its real feedback before its next turn)")
 
 
+LATE_REWARDS_NEED_WAIT = ("spec.algorithm.anchors.lateRewards.enabled needs spec.algorithm.anchors.waitSeconds (without "
+                          "it the trainer waits for every anchor and none is ever late)")
+
+
+class LateRewardsSpec(_Model):
+    """What a late anchor group's real rewards do when they arrive (see waitSeconds)."""
+
+    enabled: bool = Field(
+        False, description="Train on late anchor groups' real rewards at the first step after they arrive: their "
+        "rollouts join that step's batch with the real rewards normalised within the group (times the anchor weight) "
+        "and the log-probs stored when they were generated. false: real rewards feed only calibration and the "
+        "learned world model.")
+    correction: Literal["token", "sequence", "none"] = Field(
+        "token", description="Off-policy correction of a late rollout (it was sampled by an older policy): token, a "
+        "per-token importance ratio (current / stored probability) truncated at clipMax; sequence, one ratio per "
+        "rollout (the product over its tokens) truncated at clipMax; none, trained as if on-policy. The forms of "
+        "TRL's vllm_importance_sampling_mode token_truncate and sequence_truncate.")
+    clip_max: float = Field(3.0, gt=0, description="Upper truncation of the importance ratio (TRL's default C_max).")
+
+
 class AnchorsSpec(_Model):
     """Groups graded by BOTH the world model and real execution."""
 
@@ -267,6 +287,13 @@ class AnchorsSpec(_Model):
         "anchor groups still running are graded by the calibrated world model this step and feed calibration when "
         "they finish. Empty: wait for every anchor (up to spec.sandbox.timeoutSeconds), as in the paper. Only with "
         "spec.algorithm.maxTurns: 1.")
+    late_rewards: LateRewardsSpec = Field(default_factory=LateRewardsSpec)
+
+    @model_validator(mode="after")
+    def _late_rewards_need_wait(self) -> "AnchorsSpec":
+        if self.late_rewards.enabled and self.wait_seconds is None:
+            raise ValueError(LATE_REWARDS_NEED_WAIT)
+        return self
 
 
 class DebiasingSpec(_Model):
