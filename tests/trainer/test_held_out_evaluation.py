@@ -78,6 +78,12 @@ def test_held_out_is_evaluated_at_interval_steps_and_at_the_end_by_real_executio
         assert 1 <= point["executed"] <= 3 and point["eval_seconds"] > 0
         assert point["temperature"] == 1.0 and point["samples_per_task"] == 3
         assert point["tasks"]["iris"]["category"] == "tabular" and point["by_category"]["tabular"]["tasks"] == 1
+    # What training had spent by each evaluation (CPU: trainer seconds, no GPU-hours), for curves over compute.
+    step_seconds = [r.total for r in trainer.records]
+    assert [p["compute"]["train_seconds"] for p in points] == [pytest.approx(sum(step_seconds[:2])),
+                                                               pytest.approx(sum(step_seconds))]
+    assert all(p["compute"]["gpus"] == 0 and p["compute"]["gpu_hours"] is None for p in points)
+    assert points[-1]["compute"]["executions"] == sum(r.executions for r in trainer.records)
     # The reporter holds the last complete one, and status.progress carries it.
     assert trainer.reporter.held_out_reward == pytest.approx(points[-1]["reward"])
     wire = trainer.reporter.last.to_wire()

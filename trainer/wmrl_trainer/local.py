@@ -27,7 +27,9 @@ training's sampling settings and every sandbox slot; a partial one (a sandbox fa
 a point with ``reward`` null and ``partial`` saying why.
 
 The results folder (default ``./wmrl-results/<run name>/``) holds ``results.json`` (config,
-per-step records, the held-out curve against training wall-clock and real executions),
+per-step records, the held-out curve against training wall-clock and real executions; each
+evaluation's whole report also in ``checkpoints/eval/step-<n>.json``, as the trainer writes it,
+for ``wmrl report --eval-dir``),
 ``results.png``, ``steps.jsonl`` (the trainer's line per step), the checkpoints and the
 services' logs (``logs/``, with ``services.json``: name, pid, URL of each). Ctrl-C checkpoints after the
 current step and exits 130; running the same command again resumes from that checkpoint
@@ -200,6 +202,16 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
         model = trainer.grpo.accelerator.unwrap_model(trainer.grpo.model)
         point = evaluator.evaluate(model, trainer.grpo.processing_class, spec.policy.sampling)
         point.update(step=step, wall_clock_s=state.wall_clock_s, executions=state.executions)
+        # The trainer's report file too, so that `wmrl report --eval-dir <checkpoints>/eval` draws this run.
+        gpus = 1 if getattr(model, "device", None) is not None and model.device.type == "cuda" else 0
+        report = {**point, "samples_per_task": options.eval_samples, "temperature": spec.policy.sampling.temperature,
+                  "max_turns": spec.algorithm.max_turns,
+                  "compute": {"train_seconds": state.wall_clock_s, "gpus": gpus,
+                              "gpu_hours": state.wall_clock_s * gpus / 3600.0 if gpus else None,
+                              "executions": state.executions}}
+        reports = Path(config.runtime.checkpoint_dir) / "eval"
+        reports.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(reports / f"step-{step}.json", report)
         state.evals.append(point)
         if point["complete"]:
             log.info("held-out reward at step %d: %s", step, point["reward"])
