@@ -51,9 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-import yaml
 
-from wmrl.api.runconfig import RunConfig, from_manifest
+from wmrl.api.runconfig import RunConfig, from_manifest, read_manifest
 from wmrl.api.schema import Mode, field_errors
 from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
 from wmrl_trainer.build import build_trainer, load_training_tasks, mounted_tasks_dir
@@ -333,12 +332,7 @@ def load_manifest(path: str | Path, seed: Optional[int] = None, steps: Optional[
     """A RunConfig from a manifest file, with CLI overrides; ValueError naming the field when invalid."""
     from pydantic import ValidationError
 
-    try:
-        manifest = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("kind") != "WMRLRun":
-        raise ValueError(f"{path}: not a WMRLRun manifest (kind: WMRLRun)")
+    manifest = read_manifest(path)
     spec = dict(manifest.get("spec") or {})
     algorithm = dict(spec.get("algorithm") or {})
     if seed is not None:
