@@ -138,9 +138,9 @@ def test_the_plan_takes_the_manifests_held_out_tasks_in_suite_order_and_the_flag
 
 
 def _rendered(tmp_path: Path, checkpoint: str, urls=()) -> Path:
-    """A rendered run config (what the operator mounts), pointed at local things."""
+    """The run config a mode-eval Job mounts (what the operator renders), pointed at local things."""
     spec = json.loads(json.dumps(MANIFEST["spec"]))
-    spec.update(evaluation={"samples": 2, "checkpoint": checkpoint})
+    spec.update(mode="eval", evaluation={"samples": 2, "checkpoint": checkpoint})
     config = RunConfig(metadata=RunMetadata(name="ev", namespace="team"), spec=WMRLRunSpec.model_validate(spec),
                        runtime=Runtime(checkpoint_dir=str(tmp_path / "ckpt"), sandbox_urls=list(urls),
                                        patch_status=False, metrics_port=None))
@@ -252,3 +252,15 @@ def test_no_sandbox_at_all_exits_1_with_a_partial_report(tmp_path, capsys, monke
     assert summary["complete"] is False and summary["reward"] is None and summary["percentile"] is None
     saved = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert saved["partial"] == summary["partial"] and "failed" in saved["partial"]
+
+
+def test_a_mode_eval_manifest_is_evaluated_not_trained(tmp_path, capsys):
+    manifest = _manifest(tmp_path, mode="eval")
+    code = cli.main(["run", str(manifest), "--results", str(tmp_path / "out")])
+    assert code == 2 and "spec.mode: eval trains nothing; evaluate with `wmrl eval" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    from wmrl_trainer.build import build_trainer
+
+    plan = eval_cli.plan(_args(str(manifest)))
+    with pytest.raises(ValueError, match="spec.mode: eval trains nothing"):
+        build_trainer(plan.config)

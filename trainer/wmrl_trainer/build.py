@@ -238,6 +238,9 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     from wmrl_trainer.grpo import WMRLGRPOTrainer
 
     spec, alg, mode = config.spec, config.spec.algorithm, config.spec.mode
+    if mode is Mode.EVAL:
+        raise ValueError("spec.mode: eval trains nothing: `wmrl eval` evaluates such a run (the operator runs it "
+                         "in the trainer Job's place)")
     generation = rollout_options(spec.policy, config.runtime.rollout_url,
                                  vllm_installed=importlib.util.find_spec("vllm") is not None)
     if generation.get("vllm_mode") == "server":  # before anything heavy is built: a plain error, not TRL's wait

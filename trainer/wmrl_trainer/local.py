@@ -354,6 +354,8 @@ def main(args: argparse.Namespace) -> int:
     quiet_libraries()
     try:
         config = load_manifest(args.file, args.seed, args.steps)
+        if config.spec.mode is Mode.EVAL:
+            raise ValueError(f"spec.mode: eval trains nothing; evaluate with `wmrl eval {args.file}`")
         if config.spec.world_model.backend == "llm" and not config.spec.world_model.endpoint:
             raise ValueError("spec.worldModel.endpoint: a local run with backend llm needs an OpenAI-compatible "
                              "endpoint (or use backend learned / transformers)")
