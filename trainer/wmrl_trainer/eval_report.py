@@ -61,7 +61,7 @@ def report_markdown(report: dict[str, Any]) -> str:
         lines += [f"**PARTIAL: {report['partial']}.** No figure of this evaluation is a result; the per-task rows "
                   "below are those whose trajectories were all graded.", ""]
     else:
-        lines += [f"Held-out reward (mean best-turn reward over all trajectories): **{report['reward']:.3f}**; "
+        lines += [f"Reward (mean best-turn reward over all trajectories): **{report['reward']:.3f}**; "
                   f"leaderboard percentile (valid rate x mean best position): "
                   f"**{report['overall']['percentile']:.3f}**.", ""]
     head = ["| | tasks | valid rate | mean best-turn reward | mean best position | percentile | any medal |",
