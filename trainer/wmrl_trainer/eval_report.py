@@ -112,7 +112,9 @@ def plot_report(report: dict[str, Any], path: str | Path) -> None:
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
     ax.set_ylim(0, 1)
     ax.set_ylabel("leaderboard percentile\n(valid rate x mean best position)")
-    title = f"{report.get('policy', '')}: held-out percentile, avg@{report.get('samples_per_task')}"
+    at = f" at step {report['checkpoint_step']}" if report.get("checkpoint_step") is not None else \
+        (" (base)" if not report.get("checkpoint") else "")
+    title = f"{report.get('policy', '')}{at}: leaderboard percentile per task, avg@{report.get('samples_per_task')}"
     if not report["complete"]:
         title += " (PARTIAL: hatched tasks were not all graded)"
     ax.set_title(title, fontsize=10)
