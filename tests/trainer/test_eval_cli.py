@@ -264,3 +264,36 @@ def test_a_mode_eval_manifest_is_evaluated_not_trained(tmp_path, capsys):
     plan = eval_cli.plan(_args(str(manifest)))
     with pytest.raises(ValueError, match="spec.mode: eval trains nothing"):
         build_trainer(plan.config)
+
+
+# ---------------------------------------------------------------- the policy evaluated
+
+def _nudged_checkpoint(model, tokenizer, directory: Path) -> Path:
+    """``model`` with one weight changed, saved as the trainer saves a checkpoint (weights, tokenizer, COMPLETE)."""
+    import torch
+
+    with torch.no_grad():
+        next(model.parameters()).add_(0.25)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "COMPLETE").write_text(json.dumps({"step": 7}))
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["hub-style directory", "builtin"])
+def test_a_checkpoint_loads_its_own_weights_over_the_base_policy(tmp_path, kind):
+    import torch
+
+    from wmrl_trainer.policy import load_policy, save_tiny_model
+
+    name = str(save_tiny_model(tmp_path / "base")) if kind != "builtin" else "builtin:tiny-coder"
+    model, tokenizer = load_policy(name)
+    ckpt = _nudged_checkpoint(model, tokenizer, tmp_path / "step-00000007")
+    trained, _ = eval_cli.load_evaluated_policy(name, ckpt)
+    base, _ = eval_cli.load_evaluated_policy(name, None)
+    first = lambda m: next(m.parameters())  # noqa: E731
+    assert torch.equal(first(trained), first(model)) and not torch.equal(first(trained), first(base))
+    assert trained.generation_config.eos_token_id == base.generation_config.eos_token_id
+    (ckpt / "model.safetensors").unlink()  # what an FSDP run's sharded checkpoint lacks
+    with pytest.raises(ValueError, match="has no whole weights"):
+        eval_cli.load_evaluated_policy(name, ckpt)
