@@ -169,7 +169,7 @@ def _checkpoint(args: argparse.Namespace, config: RunConfig, cluster: bool) -> t
     if args.checkpoint == "base":
         return None, None
     if args.checkpoint:
-        return checkpoint_in(Path(args.checkpoint), "--checkpoint")
+        return checkpoint_in(Path(args.checkpoint).resolve(), "--checkpoint")
     if not cluster:
         return None, None  # the base policy; said at the start
     which, root = config.spec.evaluation.checkpoint, Path(config.runtime.checkpoint_dir)
