@@ -55,9 +55,12 @@ COMMANDS: tuple[Command, ...] = (
             "benchmark: the quickstart over seeds x torch threads; exit 1 unless every cell learns"),
     Command(("trajectories",), "wmrl_trainer.trajectories_cli",
             "print or filter a run's trajectory logs (spec.logging.trajectories)"),
-    Command(("report",), "wmrl_bench.report", "render a speedup results JSON as a plot and a Markdown table"),
+    Command(("eval",), "wmrl_trainer.eval_cli",
+            "evaluate a checkpoint (or a base policy) on a task set by real execution: JSON + Markdown report"),
     Command(("eval", "world-model"), "wmrl_trainer.fidelity.cli",
             "measure a world model on fidelity cases: status@1/@2, reward error, confusion, reliability"),
+    Command(("report",), "wmrl_bench.report",
+            "render a speedup results JSON, or a run's held-out reports (--eval-dir), as plots and Markdown"),
 )
 
 

@@ -271,4 +271,5 @@ def _grade_collection(task: CollectionTask, rr: Mapping, submission: bytes) -> O
     if not result.valid:
         return Outcome(status=Status.RAN_NO_SUB, feedback=feedback_text(rr, f"invalid submission: {result.reason}"))
     rank = result.position if result.position is not None else 0.5
-    return Outcome(status=Status.VALID, rank_score=rank, feedback=feedback_text(rr, collection_grading.summary(task, result)))
+    return Outcome(status=Status.VALID, rank_score=rank, medal=result.medal,
+                   feedback=feedback_text(rr, collection_grading.summary(task, result)))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -66,6 +66,9 @@ class Outcome(BaseModel):
     error_line: Optional[int] = Field(None, ge=0)
     quality_bucket: Optional[QualityBucket] = Field(None, description="World-model prediction of a valid run's quality.")
     rank_score: Optional[float] = Field(None, ge=0.0, le=1.0, description="Leaderboard position in [0,1] of a valid run.")
+    medal: Optional[Literal["gold", "silver", "bronze"]] = Field(
+        None, description="A valid real run's medal on its collection's final leaderboard (MLE-bench's thresholds); "
+        "None without one, or where the task has no medal leaderboard.")
     feedback: str = Field("", description="Sandbox output (real) or its imitation (world model): the next observation.")
 
     @model_validator(mode="after")

@@ -10,10 +10,14 @@ Formats (``spec.tasks.format``):
                 ``<name>/data/private/{test_answer.csv, public_leaderboard.csv, private_leaderboard.csv}``
                 (MLE-Dojo's prepared data) scored by ``competitionsDir/<name>/utils/metric.py``.
 ``normalised``  the same two folders, scored by ``<name>/grade.py`` or the built-in metric named in
-                ``<name>/metric.yaml`` (``metric: rmsle``).
+                ``<name>/metric.yaml`` (``metric: rmsle``; it may declare ``category`` too).
 ``dsbench``     DSBench's data-modeling folder: ``data/data_resplit/<name>/`` (public),
                 ``data/answers/<name>/test_answer.csv``, ``data/task/<name>.txt``, scored by
                 ``evaluation/<name>_eval.py``, relative to ``save_performance/{baseline,GT}/<name>/result.txt``.
+
+A task's ``category`` (tabular, text, image, other) comes from its metadata where the layout has
+one (``task.yaml``, MLE-bench's ``config.yaml``, the normalised ``metric.yaml``); otherwise evaluation
+infers it from the public files (:mod:`wmrl.task_category`).
 
 ``auto`` picks the one format the directory's tasks fit and refuses, naming the candidates, when
 they fit several or none. Every problem is a :class:`TaskFormatError` naming the task and the file.
@@ -34,7 +38,7 @@ from wmrl.answers_file import AnswersError
 from wmrl.collection_tasks import CollectionTask, GraderSpec, PublicFiles
 from wmrl.leaderboards import Leaderboard, direction, read_leaderboard
 from wmrl.task_metrics import canonical_metric, known_metric_names, metric_info
-from wmrl.tasks import Task, TaskFormatError, load_task
+from wmrl.tasks import CATEGORIES, Task, TaskFormatError, load_task
 
 FORMATS = ("auto", "wmrl", "mlebench", "mledojo", "dsbench", "normalised")
 # Files that hold answers or final standings: never in a public directory.
@@ -272,9 +276,17 @@ def _source_root(definitions: Path, package: str) -> tuple[str, ...]:
     return ()
 
 
+def _category(value: object, source: Path, where: str) -> str:
+    """A declared ``category`` (empty when not declared); anything outside :data:`CATEGORIES` is an error."""
+    category = str(value or "")
+    if category and category not in CATEGORIES:
+        raise TaskFormatError(f"{where}: category in {source} must be one of {list(CATEGORIES)}, got {category!r}")
+    return category
+
+
 def _task(name: str, fmt: str, root: Path, public: Path, answers: Path, sample: Path, grader: GraderSpec,
           metric: str, description: str, boards: tuple, lower: bool, medal_board, where: str,
-          relative_to=None) -> CollectionTask:
+          relative_to=None, category: str = "") -> CollectionTask:
     id_column = _csv_header(sample, where)[0]
     if grader.kind == "builtin":
         answer_cols, sample_cols = _builtin_columns(metric, sample, answers, id_column, where)
@@ -298,7 +310,7 @@ def _task(name: str, fmt: str, root: Path, public: Path, answers: Path, sample: 
         leaderboard=medal_board.scores if medal_board else (boards[0].scores if boards else ()),
         format=fmt, root=root, public_dir=public, answers_path=answers, sample_submission_path=sample,
         grader=grader, answer_columns=tuple(answer_cols), submission_columns=tuple(sample_cols), boards=boards,
-        medal_board=medal_board, lower_is_better=lower, relative_to=relative_to)
+        medal_board=medal_board, lower_is_better=lower, relative_to=relative_to, category=category)
 
 
 # --------------------------------------------------------------------------- MLE-bench
@@ -343,7 +355,7 @@ def _load_mlebench(root: Path, competition: str, competitions_dir: Optional[Path
     lower = _lower_is_better(boards, metric, None, where)
     description = _description([definitions / "description.md", public / "description.md"], where)
     return _task(competition, "mlebench", root / competition, public, answers, sample, grader, metric, description,
-                 boards, lower, boards[0], where)
+                 boards, lower, boards[0], where, category=_category(config.get("category"), config_path, where))
 
 
 # --------------------------------------------------------------------------- MLE-Dojo and the normalised layout
@@ -373,6 +385,7 @@ def _load_prepared(root: Path, name: str, fmt: str, competitions_dir: Optional[P
     description = _description([public / "description.txt", public / "description.md"], where)
     board_files = [("private", private / "private_leaderboard.csv"), ("public", private / "public_leaderboard.csv")]
     declared: Optional[bool] = None
+    category = ""
     if fmt == "mledojo":
         registry = competitions_dir or _installed_definitions("mledojo")
         metric_py = (registry / name / "utils" / "metric.py") if registry else None
@@ -389,7 +402,9 @@ def _load_prepared(root: Path, name: str, fmt: str, competitions_dir: Optional[P
         metric_yaml = task_dir / "metric.yaml"
         if metric_yaml.is_file():
             try:
-                metric = str((yaml.safe_load(metric_yaml.read_text()) or {}).get("metric") or "")
+                settings = yaml.safe_load(metric_yaml.read_text()) or {}
+                metric = str(settings.get("metric") or "")
+                category = _category(settings.get("category"), metric_yaml, where)
             except (yaml.YAMLError, AttributeError) as exc:
                 raise TaskFormatError(f"{where}: {metric_yaml} is not a YAML mapping with 'metric': {exc}") from exc
         if (task_dir / "grade.py").is_file():
@@ -412,7 +427,7 @@ def _load_prepared(root: Path, name: str, fmt: str, competitions_dir: Optional[P
     lower = _lower_is_better(boards, metric, declared, where)
     medal_board = next((b for b in boards if b.name == "private"), boards[0])
     return _task(name, fmt, task_dir, public, answers, sample, grader, metric, description, boards, lower,
-                 medal_board, where)
+                 medal_board, where, category=category)
 
 
 # --------------------------------------------------------------------------- DSBench

@@ -3,7 +3,8 @@
 ```
 <task>/
   task.yaml          name, description, kind (classification|regression), metric,
-                     target (label column), idColumn, submission (file the solution writes)
+                     target (label column), idColumn, submission (file the solution writes),
+                     optional category (tabular|text|image|other: how evaluation reports group it)
   data/...           files the solution sees (copied into the sandbox), e.g. train.csv, test.csv
   hidden/labels.csv  idColumn,target for the test rows: never sent to the sandbox
   leaderboard.json   reference scores (list of numbers) for the rank score
@@ -24,6 +25,8 @@ from typing import Literal, Mapping
 import yaml
 
 METRICS_HIGHER_IS_BETTER = {"accuracy": True, "f1_macro": True, "r2": True, "rmse": False, "mae": False}
+CATEGORIES = ("tabular", "text", "image", "other")
+"""The task categories evaluation reports average over (:mod:`wmrl.task_category`)."""
 
 
 class TaskFormatError(ValueError):
@@ -42,6 +45,7 @@ class Task:
     data: Mapping[str, bytes] = field(default_factory=dict, repr=False)
     hidden_labels: bytes = field(default=b"", repr=False)
     leaderboard: tuple[float, ...] = ()
+    category: str = ""  # one of CATEGORIES when the task's metadata says; empty: inferred from its data
 
     @property
     def higher_is_better(self) -> bool:
@@ -58,6 +62,8 @@ class Task:
             "idColumn": self.id_column,
             "submission": self.submission,
         }
+        if self.category:
+            meta["category"] = self.category
         files = {"task.yaml": yaml.safe_dump(meta, sort_keys=False).encode()}
         files.update({f"data/{k}": v for k, v in self.data.items()})
         files["hidden/labels.csv"] = self.hidden_labels
@@ -86,6 +92,9 @@ def from_files(files: Mapping[str, bytes], where: str = "task") -> Task:
         leaderboard = tuple(float(x) for x in json.loads(files.get("leaderboard.json", b"[]")))
     except (ValueError, TypeError) as exc:
         raise TaskFormatError(f"{where}/leaderboard.json: must be a JSON list of numbers") from exc
+    category = str(meta.get("category") or "")
+    if category and category not in CATEGORIES:
+        raise TaskFormatError(f"{where}/task.yaml: category must be one of {list(CATEGORIES)}, got {category!r}")
     data = {path[len("data/"):]: content for path, content in files.items() if path.startswith("data/")}
     if not data:
         raise TaskFormatError(f"{where}: no files under data/")
@@ -100,6 +109,7 @@ def from_files(files: Mapping[str, bytes], where: str = "task") -> Task:
         data=data,
         hidden_labels=files["hidden/labels.csv"],
         leaderboard=leaderboard,
+        category=category,
     )
 
 

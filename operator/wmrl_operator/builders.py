@@ -8,7 +8,10 @@ Which children exist depends on the mode:
 
 - ``wmrl``: trainer, sandbox pool, calibration, world model (when served by the operator);
 - ``worldModel``: trainer, sandbox pool (held-out evaluation runs real code), world model;
-- ``real``: trainer and sandbox pool only.
+- ``real``: trainer and sandbox pool only;
+- ``eval``: the sandbox pool and, in the trainer Job's place (same name, volumes, RBAC), one
+  ``wmrl eval`` process that evaluates a checkpoint and patches its result into status
+  (:func:`trainer_command`); no world model, calibration or rollout server.
 """
 
 from __future__ import annotations
@@ -197,13 +200,29 @@ def needs_calibration(spec: WMRLRunSpec) -> bool:
 
 
 def serves_world_model(spec: WMRLRunSpec) -> bool:
-    return spec.mode != Mode.REAL and spec.world_model.backend == "llm" and not spec.world_model.endpoint
+    return (spec.mode not in (Mode.REAL, Mode.EVAL) and spec.world_model.backend == "llm"
+            and not spec.world_model.endpoint)
 
 
 def serves_rollouts(spec: WMRLRunSpec) -> bool:
-    """The operator deploys the rollout vLLM server (TRL's server mode) unless the spec names one."""
+    """The operator deploys the rollout vLLM server (TRL's server mode) unless the spec names one
+    (mode eval generates in its own process)."""
     p = spec.policy
-    return p.rollout_engine == "vllm" and p.vllm_mode == "server" and not p.vllm_server_url
+    return spec.mode != Mode.EVAL and p.rollout_engine == "vllm" and p.vllm_mode == "server" and not p.vllm_server_url
+
+
+def evaluation_dir(run: Run, spec: WMRLRunSpec) -> str:
+    """Mode eval: where the evaluation writes its report (eval.json, eval.md, plots) on the checkpoint volume."""
+    return posixpath.join(spec.trainer.checkpoint.path, "evaluations", run.name)
+
+
+def trainer_command(run: Run, spec: WMRLRunSpec) -> list[str]:
+    """What the trainer Job runs: ``wmrl launch`` (training), or in mode eval ``wmrl eval`` on the same
+    rendered config, writing its report under :func:`evaluation_dir`."""
+    config = f"{CONFIG_MOUNT}/{CONFIG_KEY}"
+    if spec.mode == Mode.EVAL:
+        return ["wmrl", "eval", "--config", config, "--out", evaluation_dir(run, spec), "--no-progress"]
+    return ["wmrl", "launch", "--config", config]
 
 
 # ---------------------------------------------------------------- metadata helpers
@@ -485,7 +504,7 @@ def trainer_job(run: Run, spec: WMRLRunSpec, opts: Options = Options()) -> dict[
         "image": t.image,
         "imagePullPolicy": t.image_pull_policy,
         # One process per GPU; with several nodes, node rank = JOB_COMPLETION_INDEX, rendezvous at MASTER_ADDR.
-        "command": ["wmrl", "launch", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
+        "command": trainer_command(run, spec),
         "env": env,
         "ports": ports,
         "securityContext": container_sec,

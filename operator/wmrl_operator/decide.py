@@ -23,9 +23,10 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from wmrl.api.schema import Phase, WMRLRunSpec
+from wmrl.api.schema import Mode, Phase, WMRLRunSpec
 from wmrl.api.vocabulary import (
     DEADLINE,
+    EVALUATION_COMPLETED,
     INVALID_SPEC,
     ISOLATION_UNAVAILABLE,
     MAX_RESTARTS,
@@ -171,10 +172,15 @@ def failure(spec: WMRLRunSpec, status: dict[str, Any], js: st.JobState,
                                         {"restarts": restarts, "lastFailedTrainer": js.uid}))
 
 
-def success(js: st.JobState, now: dt.datetime) -> Optional[Finish]:
-    """The trainer Job completed: Succeeded, at the Job's completion time."""
+def success(js: st.JobState, now: dt.datetime, spec: Optional[WMRLRunSpec] = None) -> Optional[Finish]:
+    """The trainer Job completed: Succeeded, at the Job's completion time. In mode eval the Job was the
+    evaluation, whose result the evaluation process patched into ``status.progress``."""
     if js.state != "succeeded":
         return None
+    if spec is not None and spec.mode is Mode.EVAL:
+        return finish(Phase.SUCCEEDED.value, EVALUATION_COMPLETED,
+                      "the evaluation Job completed: status.progress.heldOutReward is its result, "
+                      "status.progress.heldOut.report its report", js.completion_time or st.now_iso(now))
     return finish(Phase.SUCCEEDED.value, TRAINER_COMPLETED, "the trainer Job completed",
                   js.completion_time or st.now_iso(now))
 
@@ -182,7 +188,7 @@ def success(js: st.JobState, now: dt.datetime) -> Optional[Finish]:
 def trainer(spec: WMRLRunSpec, status: dict[str, Any], js: st.JobState,
             now: dt.datetime) -> Union[Finish, Restart, None]:
     """The trainer's verdict, the deadline first (it fails a run whatever its trainer did)."""
-    return deadline(spec, status, js, now) or failure(spec, status, js, now) or success(js, now)
+    return deadline(spec, status, js, now) or failure(spec, status, js, now) or success(js, now, spec)
 
 
 # ---------------------------------------------------------------- step 2: children and suspension

@@ -1,5 +1,6 @@
 """Pure builders: spec -> objects, checked without a cluster."""
 
+import argparse
 import json
 import yaml
 import pytest
@@ -704,3 +705,87 @@ def test_sandbox_gpus_are_rendered_as_nvidia_gpu_limits():
 def test_bad_sandbox_limits_are_refused_naming_the_field(field, value):
     with pytest.raises(ValidationError, match=field):
         spec(sandbox={field: value})
+
+
+# ---------------------------------------------------------------- mode eval: `wmrl eval` in the trainer's place
+
+
+def eval_spec(**over):
+    base = {"mode": "eval", "trainer": {"gpusPerNode": 1, "checkpoint": {"claimName": "ckpt"}},
+            "tasks": {"pvc": "tasks", "heldOut": ["spaceship-titanic"]},
+            "policy": {"model": "Qwen/Qwen3-4B", "rolloutEngine": "vllm", "vllmMode": "server"},
+            "evaluation": {"samples": 8, "checkpoint": "step-00000200"}}
+    base.update(over)
+    return spec(**base)
+
+
+def test_eval_mode_runs_wmrl_eval_in_the_trainer_jobs_place_beside_the_sandbox_pool_only():
+    s = eval_spec()
+    kinds = by_kind_name(b.children(RUN, s))
+    # No world model (its backend is llm), no calibration, no rollout server (vllmMode server): nothing trains.
+    assert {k for k, _ in kinds} == {"ConfigMap", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "Service",
+                                     "Deployment", "Job"}
+    assert {n for k, n in kinds if k in ("Deployment", "Service")} == {"demo-sandbox"}
+    job = kinds[("Job", "demo-trainer")]
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["wmrl", "eval", "--config", "/etc/wmrl/run.yaml", "--out", "/checkpoints/evaluations/demo",
+                            "--no-progress"]
+    assert b.evaluation_dir(RUN, s) == "/checkpoints/evaluations/demo"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and job["spec"]["completions"] == 1
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    assert volumes["tasks"]["persistentVolumeClaim"] == {"claimName": "tasks", "readOnly": True}
+    # The sandbox pool admits it (a trainer Pod), and its service account may patch the run's status.
+    assert job["spec"]["template"]["metadata"]["labels"][COMPONENT_LABEL] == "trainer"
+    (rule,) = b.sandbox_network_policy(RUN, s)["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"]["matchLabels"] == job["spec"]["template"]["metadata"]["labels"]
+    role = kinds[("Role", "demo-trainer")]
+    assert {"apiGroups": ["wmrl.dev"], "resources": ["wmrlruns/status"], "resourceNames": ["demo"],
+            "verbs": ["get", "patch"]} in role["rules"]
+    config = RunConfig.model_validate(yaml.safe_load(kinds[("ConfigMap", "demo-config")]["data"]["run.yaml"]))
+    assert config.spec.mode.value == "eval" and config.spec.evaluation.checkpoint == "step-00000200"
+    assert config.runtime.sandbox_service == "demo-sandbox" and config.runtime.patch_status
+    assert config.runtime.rollout_url is None and config.runtime.calibration_url is None
+    assert config.runtime.world_model_url is None and config.runtime.tasks_dir == "/tasks"
+    # Training still runs `wmrl launch`.
+    assert b.trainer_command(RUN, spec()) == ["wmrl", "launch", "--config", "/etc/wmrl/run.yaml"]
+
+
+def test_the_eval_jobs_rendered_config_is_what_wmrl_eval_reads(tmp_path):
+    """The ConfigMap's run.yaml, read by `wmrl eval --config` (its checkpoint volume here a folder):
+    the newest complete checkpoint, and the report where the Job's --out puts it."""
+    from wmrl_trainer import eval_cli
+
+    s = eval_spec(tasks={"builtin": "mini-ml", "heldOut": ["iris"]}, evaluation={"samples": 2},
+                  trainer={"gpusPerNode": 0, "checkpoint": {"path": str(tmp_path)}},
+                  policy={"model": "builtin:tiny-coder", "rolloutEngine": "transformers"},
+                  algorithm={"maxTurns": 1})
+    for step in (100, 200):
+        (tmp_path / f"step-{step:08d}").mkdir()
+        (tmp_path / f"step-{step:08d}" / "COMPLETE").write_text(json.dumps({"step": step}))
+    rendered = tmp_path / "run.yaml"
+    rendered.write_text(b.config_map(RUN, s)["data"]["run.yaml"])
+    parser = argparse.ArgumentParser()
+    eval_cli.add_arguments(parser)
+    plan = eval_cli.plan(parser.parse_args(["--config", str(rendered)]))
+    assert plan.cluster and plan.checkpoint == tmp_path / "step-00000200" and plan.checkpoint_step == 200
+    assert str(plan.out) == b.evaluation_dir(RUN, s) == str(tmp_path / "evaluations" / "demo")
+    assert [t.name for t in plan.tasks] == ["iris"]
+
+
+def test_eval_mode_pods_are_hardened_like_every_other():
+    pods = [pod_of(o) for o in b.children(RUN, eval_spec()) if o["kind"] in ("Deployment", "Job")]
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert c["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"]
+
+
+@pytest.mark.parametrize("trainer", [{"gpusPerNode": 8}, {"gpusPerNode": 1, "nodes": 2, "checkpoint": {"claimName": "c"}}])
+def test_eval_mode_is_one_process_on_at_most_one_gpu(trainer):
+    with pytest.raises(ValidationError) as err:
+        eval_spec(trainer=trainer)
+    assert "spec.trainer.gpusPerNode: mode eval runs one evaluation process" in str(err.value)

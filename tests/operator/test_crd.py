@@ -40,7 +40,7 @@ def test_required_fields_and_defaults_match_pydantic():
     assert spec["properties"]["algorithm"]["properties"]["groupSize"]["default"] == WMRLRunSpec.model_fields["algorithm"].default_factory().group_size
     assert spec["properties"]["algorithm"]["default"] == {}
     assert "default" not in spec["properties"]["policy"]
-    assert spec["properties"]["mode"]["enum"] == ["wmrl", "real", "worldModel"]
+    assert spec["properties"]["mode"]["enum"] == ["wmrl", "real", "worldModel", "eval"]
 
 
 def test_cel_rules_and_immutability():

@@ -295,3 +295,13 @@ def test_restricted_isolation_points_at_the_runtime_class():
         "Failed to create pod sandbox: user namespaces is not supported by the runtime"))])
     assert r.reason == v.ISOLATION_UNAVAILABLE and "spec.sandbox.runtimeClassName" in r.message
     assert "hostUsers" not in r.message
+
+
+def test_a_completed_evaluation_job_says_where_its_result_is():
+    eval_spec = parse_spec({"mode": "eval", "policy": {"model": "m"}, "tasks": {"builtin": "mini-ml"},
+                            "trainer": {"gpusPerNode": 0}})
+    t = decide.success(st.JobState("succeeded", completion_time="2026-01-01T00:09:00Z"), NOW, eval_spec).transition
+    assert (t.phase, t.reason) == ("Succeeded", v.EVALUATION_COMPLETED)
+    assert "status.progress.heldOutReward" in t.message and t.fields == {"completionTime": "2026-01-01T00:09:00Z"}
+    verdict = decide.trainer(eval_spec, {}, st.JobState("succeeded"), NOW)
+    assert verdict.transition.reason == v.EVALUATION_COMPLETED

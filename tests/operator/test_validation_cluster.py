@@ -87,6 +87,11 @@ BAD = [
     ("few-shot-17-examples", {"worldModel": {"fewShot": {"examples": [_EXAMPLE] * 17}}},
      "spec.worldModel.fewShot.examples"),
     ("case-window-0", {"logging": {"cases": {"window": 0}}}, "spec.logging.cases.window"),
+    # Mode eval is one process on at most one GPU; its checkpoint is newest, base or a step directory.
+    ("eval-on-eight-gpus", {"mode": "eval", "trainer": {"gpusPerNode": 8}}, "spec.trainer.gpusPerNode"),
+    ("eval-on-two-nodes", {"mode": "eval", "trainer": {"gpusPerNode": 1, "nodes": 2, "checkpoint": {"claimName": "c"}}},
+     "spec.trainer.gpusPerNode"),
+    ("eval-unknown-checkpoint", {"mode": "eval", "evaluation": {"checkpoint": "latest"}}, "spec.evaluation.checkpoint"),
 ]
 
 # (id, spec patch): edge cases both validators accept.
@@ -100,6 +105,8 @@ GOOD = [
                            "trainer": {"gpusPerNode": 8, "nodes": 2, "strategy": "fsdp",
                                        "checkpoint": {"claimName": "shared"}}}),
     ("cpu-trainer-any-batch", {"algorithm": {"groupSize": 3, "groupsPerStep": 1}, "trainer": {"gpusPerNode": 0}}),
+    ("eval-one-gpu-step", {"mode": "eval", "trainer": {"gpusPerNode": 1}, "evaluation": {"checkpoint": "step-00000020"}}),
+    ("eval-cpu-base", {"mode": "eval", "evaluation": {"checkpoint": "base"}}),
     # The rollout server's GPUs are its own: its tensor-parallel size need not divide the trainer's.
     ("fixed-scripts-smoke-run", {"policy": {"model": "builtin:fixed-scripts", "scripts": "/tasks/smoke"}}),
     ("rollout-server-tp-3", {"policy": {"rolloutEngine": "vllm", "vllmMode": "server", "vllmTensorParallelSize": 3},

@@ -18,6 +18,7 @@ def test_a_sandbox_run_grades_through_the_collection_grader(tmp_path):
     (task,) = load_collection(built.root)
     valid = grade(task, OK_RUN, built.correct.to_csv(index=False).encode())
     assert valid.status is Status.VALID and valid.rank_score == 1.0 and "gold medal" in valid.feedback
+    assert valid.medal == "gold"  # kept on the outcome: evaluation reports count medals
     invalid = grade(task, OK_RUN, built.invalid.to_csv(index=False).encode())
     assert invalid.status is Status.RAN_NO_SUB and "invalid submission" in invalid.feedback
     assert grade(task, OK_RUN, b"").status is Status.RAN_NO_SUB  # empty file: a reason, not a trace

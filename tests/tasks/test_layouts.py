@@ -176,3 +176,23 @@ def test_load_tasks_refuses_bad_input(tmp_path, make):
         spec["competitionsDir"] = str(built.competitions_dir)
     with pytest.raises(TaskFormatError, match=message):
         load_tasks(TasksSpec.model_validate(spec))
+
+
+def test_a_declared_category_is_read_else_the_public_files_tell(tmp_path):
+    from wmrl.task_category import category_of
+
+    cf.bikes_rmsle(tmp_path / "n")
+    cf.tweets_text(tmp_path / "n")
+    (tmp_path / "n" / "tweet-sentiment" / "metric.yaml").write_text("metric: f1_macro\ncategory: text\n")
+    bikes, tweets = load_collection(tmp_path / "n", "normalised")
+    assert (bikes.category, tweets.category) == ("", "text")
+    assert (category_of(bikes), category_of(tweets)) == ("tabular", "text")  # bikes: inferred from its CSVs
+    built = cf.spaceship_mlebench(tmp_path / "m", split=False)
+    config = built.root / built.name / "config.yaml"
+    config.write_text(config.read_text() + "category: tabular\n")
+    (spaceship,) = load_collection(built.root)
+    assert spaceship.category == "tabular"
+    config.write_text(config.read_text().replace("category: tabular", "category: speech"))
+    with pytest.raises(TaskFormatError, match=r"category in .*config.yaml must be one of \['tabular', 'text', "
+                                              r"'image', 'other'\], got 'speech'"):
+        load_collection(built.root)

@@ -77,6 +77,13 @@ def test_held_out_is_evaluated_at_interval_steps_and_at_the_end_by_real_executio
             assert iris["mean_reward"] <= 0.5 + 0.5 * iris["best_position"] + 1e-9
         assert 1 <= point["executed"] <= 3 and point["eval_seconds"] > 0
         assert point["temperature"] == 1.0 and point["samples_per_task"] == 3
+        assert point["tasks"]["iris"]["category"] == "tabular" and point["by_category"]["tabular"]["tasks"] == 1
+    # What training had spent by each evaluation (CPU: trainer seconds, no GPU-hours), for curves over compute.
+    step_seconds = [r.total for r in trainer.records]
+    assert [p["compute"]["train_seconds"] for p in points] == [pytest.approx(sum(step_seconds[:2])),
+                                                               pytest.approx(sum(step_seconds))]
+    assert all(p["compute"]["gpus"] == 0 and p["compute"]["gpu_hours"] is None for p in points)
+    assert points[-1]["compute"]["executions"] == sum(r.executions for r in trainer.records)
     # The reporter holds the last complete one, and status.progress carries it.
     assert trainer.reporter.held_out_reward == pytest.approx(points[-1]["reward"])
     wire = trainer.reporter.last.to_wire()
@@ -160,14 +167,21 @@ def test_summarize_reports_per_task_figures_and_refuses_a_number_when_partial():
     point = summarize([a, b], trajectories, failures=[], executed=4, seconds=1.5, max_turns=1)
     assert point["complete"] and point["reward"] == pytest.approx((0.9 + 0.1 + 0.1 + 0.1) / 4)
     assert point["tasks"]["a"] == {"mean_reward": pytest.approx(0.5), "valid_rate": 0.5, "best_position": 0.8,
-                                   "samples": 2, "graded": 2}
+                                   "mean_best_position": 0.8, "percentile": pytest.approx(0.4), "medals": None,
+                                   "category": "other", "complete": True, "samples": 2, "graded": 2}
     assert point["tasks"]["b"]["best_position"] is None and point["tasks"]["b"]["valid_rate"] == 0.0
+    assert point["tasks"]["b"]["percentile"] == 0.0 and point["tasks"]["b"]["mean_best_position"] is None
+    assert point["overall"]["percentile"] == pytest.approx(0.2) and list(point["by_category"]) == ["other"]
     partial = summarize([a, b], single_turn_trajectories(items, [valid, None, crash, crash]),
                         failures=["execution of a a script failed: ConnectError: refused"], executed=4, seconds=1.0,
                         max_turns=1)
     assert not partial["complete"] and partial["reward"] is None
     assert partial["partial"] == "3 of 4 trajectories graded: execution of a a script failed: ConnectError: refused"
     assert partial["tasks"]["a"]["graded"] == 1
+    # A task not all graded has no figures, and nothing is averaged: a partial evaluation is never a number.
+    assert not partial["tasks"]["a"]["complete"] and partial["tasks"]["a"]["percentile"] is None
+    assert partial["tasks"]["b"]["complete"] and partial["tasks"]["b"]["percentile"] == 0.0
+    assert partial["overall"] is None and partial["by_category"] is None
 
 
 class _SlowExecutor:

@@ -5,6 +5,11 @@ to-target figures), or the ``results.json`` of one ``wmrl run`` (shown as one ar
 Output: a PNG with held-out reward against training wall-clock and against real
 executions, one line per arm with a band of +- one standard deviation over seeds, and a
 Markdown table in the paper's shape (printed, and written with ``--markdown``).
+
+``wmrl report --eval-dir DIR``: a run's held-out reports instead (``<checkpoint dir>/eval/step-<n>.json``,
+written by the trainer's evaluations and by ``wmrl run``'s): the leaderboard percentile per category
+and overall over steps and over compute (GPU-hours, or the trainer's hours on CPU), as a PNG
+(default ``DIR/curve.png``) and a Markdown table (:mod:`wmrl_trainer.eval_report`).
 """
 
 from __future__ import annotations
@@ -370,12 +375,48 @@ def _plot_levels(ax: Any, levels: dict[str, Any]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", help="JSON from 'wmrl bench speedup' (or a 'wmrl run' results.json)")
-    parser.add_argument("--plot", metavar="PATH", help="write the PNG here (default: next to RESULTS, .png)")
+    parser.add_argument("results", nargs="?", help="JSON from 'wmrl bench speedup' (or a 'wmrl run' results.json)")
+    parser.add_argument("--eval-dir", metavar="DIR", help="instead: a run's held-out reports (<checkpoint dir>/eval, "
+                        "step-<n>.json): percentile per category over steps and compute")
+    parser.add_argument("--plot", metavar="PATH", help="write the PNG here (default: next to RESULTS, .png; "
+                        "DIR/curve.png with --eval-dir)")
     parser.add_argument("--markdown", metavar="PATH", help="also write the Markdown table here")
 
 
+def eval_dir_main(args: argparse.Namespace) -> int:
+    """``--eval-dir``: a run's held-out curve per category (module docstring)."""
+    from wmrl_trainer.eval_report import curves, curves_markdown, load_eval_points, plot_curves
+
+    try:
+        curve = curves(load_eval_points(args.eval_dir))
+    except ValueError as exc:
+        print(f"wmrl report: --eval-dir: {exc}", file=sys.stderr)
+        return 2
+    if not curve["steps"]:
+        reasons = "; ".join(f"step {p['step']}: {p['why']}" for p in curve["partial"])
+        print(f"wmrl report: --eval-dir: {args.eval_dir}: no complete evaluation with per-category figures "
+              f"({reasons})", file=sys.stderr)
+        return 1
+    plot_path = Path(args.plot) if args.plot else Path(args.eval_dir) / "curve.png"
+    plot_curves(curve, plot_path)
+    return _emit(curves_markdown(curve), plot_path, args.markdown)
+
+
+def _emit(table: str, plot_path: Path, markdown: Optional[str]) -> int:
+    """Print the table (and write it to ``markdown``), say where the plot went."""
+    if markdown:
+        Path(markdown).write_text(table)
+    print(table)
+    print(f"plot: {plot_path}", file=sys.stderr)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if (args.results is None) == (args.eval_dir is None):
+        print("wmrl report: give RESULTS (a results JSON) or --eval-dir DIR, one of them", file=sys.stderr)
+        return 2
+    if args.eval_dir is not None:
+        return eval_dir_main(args)
     try:
         results = load_results(args.results)
     except ValueError as exc:
@@ -383,9 +424,4 @@ def main(args: argparse.Namespace) -> int:
         return 2
     plot_path = Path(args.plot) if args.plot else Path(args.results).with_suffix(".png")
     plot(results, plot_path)
-    table = markdown_table(results)
-    if args.markdown:
-        Path(args.markdown).write_text(table)
-    print(table)
-    print(f"plot: {plot_path}", file=sys.stderr)
-    return 0
+    return _emit(markdown_table(results), plot_path, args.markdown)

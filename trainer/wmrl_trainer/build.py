@@ -210,6 +210,13 @@ def _ensure_loadable(model: Any, tokenizer: Any, directory: Path) -> None:
     model.config._name_or_path = str(directory)
 
 
+def check_policy_turns(model: str, max_turns: int) -> None:
+    """The single-turn demo policies cannot read feedback: a multi-turn run of one is an error naming the field."""
+    if model in ("builtin:tiny-coder", "builtin:tiny-coder-wide", "builtin:fixed-scripts") and max_turns > 1:
+        raise ValueError(f"spec.algorithm.maxTurns: {model} writes one script and cannot read feedback; "
+                         "set maxTurns: 1, or use builtin:tiny-coder-multiturn")
+
+
 def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequence[Task]] = None,
                   world_model: Any = None, dispatcher: Any = None, calibration: Any = None,
                   callbacks: Iterable[StepCallback] = (), held_out: Optional[Sequence[Task]] = None,
@@ -231,6 +238,9 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     from wmrl_trainer.grpo import WMRLGRPOTrainer
 
     spec, alg, mode = config.spec, config.spec.algorithm, config.spec.mode
+    if mode is Mode.EVAL:
+        raise ValueError("spec.mode: eval trains nothing: `wmrl eval` evaluates such a run (the operator runs it "
+                         "in the trainer Job's place)")
     generation = rollout_options(spec.policy, config.runtime.rollout_url,
                                  vllm_installed=importlib.util.find_spec("vllm") is not None)
     if generation.get("vllm_mode") == "server":  # before anything heavy is built: a plain error, not TRL's wait
@@ -269,10 +279,7 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if grading and mode is Mode.WMRL:
         a = alg.anchors
         selector = AnchorSelector(a.fraction, a.min_per_step, a.max_concurrent, alg.seed)
-    if spec.policy.model in ("builtin:tiny-coder", "builtin:tiny-coder-wide", "builtin:fixed-scripts") \
-            and alg.max_turns > 1:
-        raise ValueError(f"spec.algorithm.maxTurns: {spec.policy.model} writes one script and cannot read feedback; "
-                         "set maxTurns: 1, or use builtin:tiny-coder-multiturn")
+    check_policy_turns(spec.policy.model, alg.max_turns)
     model, tokenizer = policy if policy is not None else load_policy(spec.policy.model, scripts=spec.policy.scripts)
     initial = "initial-policy" if world.size == 1 else f"initial-policy-rank{world.rank}"  # no two writers
     _ensure_loadable(model, tokenizer, Path(config.runtime.checkpoint_dir) / initial)

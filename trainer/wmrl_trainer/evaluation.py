@@ -9,8 +9,9 @@ by ``wmrl run`` (:mod:`wmrl_trainer.local`):
   feedback shown to the next), and execute every script through the run's sandbox dispatcher
   with at most ``max_concurrent`` executions in flight (:class:`BoundedGrader`);
 * decide (:func:`summarize`, pure): the report -- mean real reward (avg@samples, pooled over
-  tasks), per task the mean reward, valid rate (share of trajectories with a valid
-  submission at some turn), best leaderboard position and samples, and the cost (seconds,
+  tasks), per task its figures (:mod:`wmrl_trainer.eval_figures`: mean best-turn reward, valid
+  rate, mean best position, leaderboard percentile, medals, its category from
+  :mod:`wmrl.task_category`), their means per category and overall, and the cost (seconds,
   executions) apart from training's.
 
 An evaluation in which an execution failed on the sandbox side (pod down, connection
@@ -27,10 +28,12 @@ import concurrent.futures as cf
 import math
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from wmrl.outcome import Outcome, Status
+from wmrl.outcome import Outcome
+from wmrl.task_category import category_of
 from wmrl.tasks import Task
+from wmrl_trainer.eval_figures import aggregate, task_figures
 from wmrl_trainer.sampling import sample_solutions, sample_trajectories
 from wmrl_trainer.turns import Trajectory, repairs
 
@@ -48,7 +51,8 @@ class BoundedGrader:
     items are ungraded (None).
     """
 
-    def __init__(self, dispatcher: Any, limit: int, cache: Optional[dict] = None):
+    def __init__(self, dispatcher: Any, limit: int, cache: Optional[dict] = None,
+                 on_graded: Optional[Callable[[int], None]] = None):
         if limit < 1:
             raise ValueError(f"max_concurrent must be >= 1, got {limit}")
         self.dispatcher, self.limit = dispatcher, limit
@@ -56,6 +60,7 @@ class BoundedGrader:
         self.keep = cache is not None
         self.failures: list[str] = []
         self.executed = 0
+        self.on_graded = on_graded  # called with a number of items as their executions finish (progress bars)
 
     def _submit(self, task: Task, code: str, slots: threading.Semaphore) -> cf.Future:
         slots.acquire()
@@ -72,12 +77,17 @@ class BoundedGrader:
     def __call__(self, items: Sequence[tuple[Task, str]]) -> list[Optional[Outcome]]:
         known = dict(self.cache)
         todo = {(t.name, code): t for t, code in items if (t.name, code) not in known}
+        if self.on_graded is not None:
+            self.on_graded(len(items) - sum(1 for t, code in items if (t.name, code) in todo))
+        copies = {key: sum(1 for t, code in items if (t.name, code) == key) for key in todo}
         slots = threading.Semaphore(self.limit)
         futures: dict[tuple[str, str], cf.Future] = {}
         for key, task in todo.items():
             if self.failures or any(f.done() and _failure(k, f) for k, f in futures.items()):
                 break  # partial already: do not load the pool with executions that cannot make it whole
             futures[key] = self._submit(task, key[1], slots)
+            if self.on_graded is not None:
+                futures[key].add_done_callback(lambda _, n=copies[key]: self.on_graded(n))
         cf.wait(list(futures.values()))  # each execution is bounded by the dispatcher (timeout, retries)
         self.executed += len(futures)
         for key, future in futures.items():
@@ -105,27 +115,18 @@ def _failure(key: tuple[str, str], future: cf.Future) -> Optional[str]:
     return None
 
 
-def task_figures(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Per-task figures of one task's trajectories (real grades): mean reward, valid rate, best position."""
-    rewards = [t.reward("real") for t in trajectories]
-    graded = [r for r in rewards if not math.isnan(r)]
-    valid = [any(turn.real is not None and turn.real.status is Status.VALID for turn in t.turns)
-             for t in trajectories]
-    positions = [turn.real.rank_score for t in trajectories for turn in t.turns
-                 if turn.real is not None and turn.real.status is Status.VALID and turn.real.rank_score is not None]
-    return {
-        "mean_reward": _mean(graded),
-        "valid_rate": sum(valid) / len(valid) if valid else None,
-        "best_position": max(positions) if positions else None,
-        "samples": len(trajectories),
-        "graded": len(graded),
-    }
-
-
 def summarize(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *, failures: Sequence[str],
-              executed: int, seconds: float, max_turns: int) -> dict[str, Any]:
-    """The report of one evaluation (module docstring): pure, from its trajectories and what failed."""
-    per_task = {task.name: task_figures([t for t in trajectories if t.task.name == task.name]) for task in tasks}
+              executed: int, seconds: float, max_turns: int,
+              categories: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """The report of one evaluation (module docstring): pure, from its trajectories and what failed.
+
+    ``categories``: task name -> category (:func:`wmrl.task_category.category_of`, which may read
+    the task's files); a task missing from it takes its declared category, else ``other``."""
+    categories = categories or {}
+    per_task = {task.name: task_figures([t for t in trajectories if t.task.name == task.name],
+                                        category=categories.get(task.name) or task.category or "other",
+                                        has_medals=getattr(task, "medal_board", None) is not None)
+                for task in tasks}
     rewards = [t.reward("real") for t in trajectories]
     graded = [r for r in rewards if not math.isnan(r)]
     complete = not failures and len(graded) == len(trajectories) and bool(trajectories)
@@ -141,6 +142,7 @@ def summarize(tasks: Sequence[Task], trajectories: Sequence[Trajectory], *, fail
         "reward": _mean(graded) if complete else None,
         "by_task": {name: figures["mean_reward"] for name, figures in per_task.items()},
         "tasks": per_task,
+        **aggregate(per_task),
         "samples": len(trajectories),
         "graded": len(graded),
         "executed": executed,
@@ -191,11 +193,16 @@ class HeldOutEvaluator:
         self.samples, self.seed = samples_per_task, seed
         self.max_turns, self.max_tokens, self.max_concurrent = max_turns, max_tokens, max_concurrent
         self.cache = cache
+        self.categories = {task.name: category_of(task) for task in self.tasks}  # once: it may read the data
 
-    def evaluate(self, model: Any, tokenizer: Any, sampling: Any) -> dict[str, Any]:
-        """Sample, execute and summarize; never raises for a sandbox or sampling failure (the report is partial)."""
+    def evaluate(self, model: Any, tokenizer: Any, sampling: Any,
+                 on_graded: Optional[Callable[[int], None]] = None) -> dict[str, Any]:
+        """Sample, execute and summarize; never raises for a sandbox or sampling failure (the report is partial).
+
+        ``on_graded(n)``: n more turns graded (a progress bar's update; at most tasks x samples x
+        maxTurns in all, fewer when trajectories stop early)."""
         started = time.perf_counter()
-        grader = BoundedGrader(self.dispatcher, self.max_concurrent, self.cache)
+        grader = BoundedGrader(self.dispatcher, self.max_concurrent, self.cache, on_graded)
         trajectories: list[Trajectory] = []
         try:
             if self.max_turns > 1:
@@ -209,4 +216,4 @@ class HeldOutEvaluator:
         except Exception as exc:  # a sampling or dispatch error makes the evaluation partial, not the run fail
             grader.failures.append(f"evaluation stopped: {type(exc).__name__}: {exc}")
         return summarize(self.tasks, trajectories, failures=grader.failures, executed=grader.executed,
-                         seconds=time.perf_counter() - started, max_turns=self.max_turns)
+                         seconds=time.perf_counter() - started, max_turns=self.max_turns, categories=self.categories)

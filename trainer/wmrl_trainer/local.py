@@ -27,7 +27,9 @@ training's sampling settings and every sandbox slot; a partial one (a sandbox fa
 a point with ``reward`` null and ``partial`` saying why.
 
 The results folder (default ``./wmrl-results/<run name>/``) holds ``results.json`` (config,
-per-step records, the held-out curve against training wall-clock and real executions),
+per-step records, the held-out curve against training wall-clock and real executions; each
+evaluation's whole report also in ``checkpoints/eval/step-<n>.json``, as the trainer writes it,
+for ``wmrl report --eval-dir``),
 ``results.png``, ``steps.jsonl`` (the trainer's line per step), the checkpoints and the
 services' logs (``logs/``, with ``services.json``: name, pid, URL of each). Ctrl-C checkpoints after the
 current step and exits 130; running the same command again resumes from that checkpoint
@@ -49,9 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-import yaml
 
-from wmrl.api.runconfig import RunConfig, from_manifest
+from wmrl.api.runconfig import RunConfig, from_manifest, read_manifest
 from wmrl.api.schema import Mode, field_errors
 from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
 from wmrl_trainer.build import build_trainer, load_training_tasks, mounted_tasks_dir
@@ -200,6 +201,16 @@ def train_and_evaluate(config: RunConfig, sandbox_urls: Sequence[str], results_d
         model = trainer.grpo.accelerator.unwrap_model(trainer.grpo.model)
         point = evaluator.evaluate(model, trainer.grpo.processing_class, spec.policy.sampling)
         point.update(step=step, wall_clock_s=state.wall_clock_s, executions=state.executions)
+        # The trainer's report file too, so that `wmrl report --eval-dir <checkpoints>/eval` draws this run.
+        gpus = 1 if getattr(model, "device", None) is not None and model.device.type == "cuda" else 0
+        report = {**point, "samples_per_task": options.eval_samples, "temperature": spec.policy.sampling.temperature,
+                  "max_turns": spec.algorithm.max_turns,
+                  "compute": {"train_seconds": state.wall_clock_s, "gpus": gpus,
+                              "gpu_hours": state.wall_clock_s * gpus / 3600.0 if gpus else None,
+                              "executions": state.executions}}
+        reports = Path(config.runtime.checkpoint_dir) / "eval"
+        reports.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(reports / f"step-{step}.json", report)
         state.evals.append(point)
         if point["complete"]:
             log.info("held-out reward at step %d: %s", step, point["reward"])
@@ -321,12 +332,7 @@ def load_manifest(path: str | Path, seed: Optional[int] = None, steps: Optional[
     """A RunConfig from a manifest file, with CLI overrides; ValueError naming the field when invalid."""
     from pydantic import ValidationError
 
-    try:
-        manifest = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("kind") != "WMRLRun":
-        raise ValueError(f"{path}: not a WMRLRun manifest (kind: WMRLRun)")
+    manifest = read_manifest(path)
     spec = dict(manifest.get("spec") or {})
     algorithm = dict(spec.get("algorithm") or {})
     if seed is not None:
@@ -348,6 +354,8 @@ def main(args: argparse.Namespace) -> int:
     quiet_libraries()
     try:
         config = load_manifest(args.file, args.seed, args.steps)
+        if config.spec.mode is Mode.EVAL:
+            raise ValueError(f"spec.mode: eval trains nothing; evaluate with `wmrl eval {args.file}`")
         if config.spec.world_model.backend == "llm" and not config.spec.world_model.endpoint:
             raise ValueError("spec.worldModel.endpoint: a local run with backend llm needs an OpenAI-compatible "
                              "endpoint (or use backend learned / transformers)")

@@ -32,23 +32,31 @@ FIDELITY_FIGURES = ("status_at_1", "reward_mae", "reward_bias", "cases", "graded
 
 
 class Totals:
-    """Cumulative figures over the run (restored from checkpoints so they survive restarts)."""
+    """Cumulative figures over the run (restored from checkpoints so they survive restarts).
 
-    def __init__(self, executions: int = 0, sandbox_seconds: float = 0.0, ungraded: int = 0):
+    ``train_seconds``: the trainer's wall-clock summed over its steps (evaluations excluded), the
+    clock that held-out reports put their compute on (:meth:`WMRLTrainer.evaluate_held_out`)."""
+
+    def __init__(self, executions: int = 0, sandbox_seconds: float = 0.0, ungraded: int = 0,
+                 train_seconds: float = 0.0):
         self.executions, self.sandbox_seconds, self.ungraded = executions, sandbox_seconds, ungraded
+        self.train_seconds = train_seconds
 
     def add(self, record: StepRecord) -> None:
         self.executions += record.executions
         self.sandbox_seconds += record.sandbox_seconds
         self.ungraded += record.ungraded
+        self.train_seconds += record.total
 
     def state_dict(self) -> dict[str, Any]:
-        return {"executions": self.executions, "sandboxSeconds": self.sandbox_seconds, "ungraded": self.ungraded}
+        return {"executions": self.executions, "sandboxSeconds": self.sandbox_seconds, "ungraded": self.ungraded,
+                "trainSeconds": self.train_seconds}
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
         self.executions = int(data.get("executions", 0))
         self.sandbox_seconds = float(data.get("sandboxSeconds", 0.0))
         self.ungraded = int(data.get("ungraded", 0))
+        self.train_seconds = float(data.get("trainSeconds", 0.0))
 
 
 class HeldOutTotals:

@@ -12,7 +12,8 @@ current policy and grades them by real execution, before it reports the step; th
 processes wait for it in the step's collective (the process group's timeout,
 ``2 x spec.sandbox.timeoutSeconds + 600`` s, bounds an evaluation under several processes).
 Its time is no step's: the next step's clock starts after it. The report goes to
-``<checkpoint dir>/eval/step-<n>.json``; ``heldOutReward`` (status, metrics, the step's log
+``<checkpoint dir>/eval/step-<n>.json``, with what training had spent by then (``compute``:
+trainer seconds, GPU-hours, executions); ``heldOutReward`` (status, metrics, the step's log
 line) changes only with a complete evaluation. Under FSDP with several processes generation
 is collective, so the evaluation is reported partial (not supported there) instead of run.
 """
@@ -61,6 +62,16 @@ def _load_calibration_state(calibration: Any, data: dict[str, Any]) -> None:
     elif getattr(calibration, "state", None) is not None:
         calibration.state = CalibrationState.from_json(data["state"])
         calibration._batches = int(data["batches"])
+
+
+def training_compute(totals: Any, record: Any, step_seconds: float, gpus: int) -> dict[str, Any]:
+    """What training has spent up to and including the step of ``record`` (whose own wall-clock is
+    ``step_seconds``; ``totals`` holds the steps before it): trainer seconds, GPUs, GPU-hours (None
+    on CPU), real executions and their sandbox seconds. Evaluations are in none of them."""
+    seconds = totals.train_seconds + step_seconds
+    return {"train_seconds": seconds, "gpus": gpus, "gpu_hours": seconds * gpus / 3600.0 if gpus else None,
+            "executions": totals.executions + record.executions,
+            "sandbox_seconds": totals.sandbox_seconds + record.sandbox_seconds}
 
 
 # ---------------------------------------------------------------- the trainer
@@ -125,7 +136,9 @@ class WMRLTrainer:
         now = time.perf_counter()
         if scored is not None:  # progress comes from rank 0 only; its failure stops every rank
             def report() -> None:
-                evaluation = self._evaluate_if_due(state.global_step, state.max_steps)
+                spent = training_compute(self.reporter.totals, scored.record, now - self._step_started,
+                                         self._gpus())
+                evaluation = self._evaluate_if_due(state.global_step, state.max_steps, spent)
                 self._report(scored.record, now, evaluation)
 
             self.world.share(report)
@@ -221,13 +234,22 @@ class WMRLTrainer:
         interval = self.config.spec.evaluation.interval_steps
         return step >= max_steps or (interval > 0 and step % interval == 0)
 
-    def _evaluate_if_due(self, step: int, max_steps: int) -> Optional[dict[str, Any]]:
+    def _evaluate_if_due(self, step: int, max_steps: int,
+                         compute: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
         if self.evaluator is None or not self.evaluation_due(step, max_steps):
             return None
-        return self.evaluate_held_out(step)
+        return self.evaluate_held_out(step, compute)
 
-    def evaluate_held_out(self, step: int) -> dict[str, Any]:
-        """Evaluate the held-out tasks now (rank 0), write the report and hand it to the reporter; returns it."""
+    def _gpus(self) -> int:
+        """GPUs the run trains on: one per process on CUDA, none on CPU."""
+        device = getattr(getattr(self.grpo, "accelerator", None), "device", None)
+        return self.world.size if getattr(device, "type", "cpu") == "cuda" else 0
+
+    def evaluate_held_out(self, step: int, compute: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """Evaluate the held-out tasks now (rank 0), write the report and hand it to the reporter; returns it.
+
+        ``compute``: what training has spent up to this step (:func:`training_compute`), kept in the
+        report so that held-out curves can be drawn over compute (``wmrl report --eval-dir``)."""
         if self.evaluator is None:
             raise RuntimeError("no held-out evaluator (spec.tasks.heldOut empty, or not rank 0)")
         ev = self.config.spec.evaluation
@@ -241,6 +263,8 @@ class WMRLTrainer:
             point = self.evaluator.evaluate(model, self.grpo.processing_class, sampling)
         point.update(step=step, samples_per_task=ev.samples, temperature=ev.temperature,
                      max_turns=self.config.spec.algorithm.max_turns)
+        if compute is not None:
+            point["compute"] = compute
         path = self.checkpoint_root / "eval" / f"step-{step}.json"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

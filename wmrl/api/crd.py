@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
-from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, FIXED_SCRIPTS, FIXED_SCRIPTS_NEEDS_SCRIPTS, GROUP, KIND,
-                             LATE_REWARDS_NEED_WAIT, PLURAL, SHORT_NAMES, SINGULAR, TRAINER_SHARED_CHECKPOINTS, VERSION,
-                             WMRLRunSpec, WMRLRunStatus)
+from wmrl.api.schema import (ANCHOR_WAIT_SINGLE_TURN, EVAL_ONE_PROCESS, FIXED_SCRIPTS, FIXED_SCRIPTS_NEEDS_SCRIPTS, GROUP,
+                             KIND, LATE_REWARDS_NEED_WAIT, PLURAL, SHORT_NAMES, SINGULAR, TRAINER_SHARED_CHECKPOINTS,
+                             VERSION, WMRLRunSpec, WMRLRunStatus)
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
@@ -69,6 +69,12 @@ SPEC_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "spec.algorithm.groupsPerStep: a step's rollouts (groupSize x groupsPerStep) must split evenly "
                        "over the trainer's processes (trainer.gpusPerNode x nodes)",
             "fieldPath": ".algorithm.groupsPerStep",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"!has(self.mode) || self.mode != 'eval' || ({_GPUS} <= 1 && {_or_default('trainer.nodes', 1)} == 1)",
+            "message": EVAL_ONE_PROCESS,
+            "fieldPath": ".trainer.gpusPerNode",
             "reason": "FieldValueInvalid",
         },
         {

@@ -64,6 +64,17 @@ def load_run_config(path: str | Path) -> RunConfig:
     return RunConfig.model_validate(yaml.safe_load(Path(path).read_text()))
 
 
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """A WMRLRun manifest file as a dict (not validated yet); ValueError naming the file when it is none."""
+    try:
+        manifest = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+        raise ValueError(f"{path}: not a WMRLRun manifest (kind: WMRLRun)")
+    return manifest
+
+
 def from_manifest(manifest: dict[str, Any], runtime: Runtime | None = None) -> RunConfig:
     """A RunConfig from a WMRLRun object (as applied with kubectl): validates the spec."""
     meta = manifest.get("metadata") or {}

@@ -56,6 +56,7 @@ class Mode(str, Enum):
     WMRL = "wmrl"  # world model for every rollout, real execution for anchor groups, corrections on
     REAL = "real"  # every rollout executed for real: the GRPO baseline
     WORLD_MODEL = "worldModel"  # world model only: no anchors, no correction
+    EVAL = "eval"  # no training: one Job evaluates a checkpoint (spec.evaluation.checkpoint) with `wmrl eval`
 
 
 class Resources(_Model):
@@ -227,7 +228,8 @@ class TasksSpec(_Model):
     path: Optional[str] = Field(None, min_length=1, description="A directory of task folders inside the trainer image or volume.")
     pvc: Optional[str] = Field(None, min_length=1, description="A PersistentVolumeClaim holding task folders (mounted read-only at /tasks).")
     config_map: Optional[str] = Field(None, min_length=1, description="A ConfigMap holding one small task (keys are file paths with '/' as '__').")
-    held_out: list[str] = Field(default_factory=list, description="Task names never trained on, used for evaluation.")
+    held_out: list[str] = Field(default_factory=list, description="Task names never trained on, used for evaluation "
+                                "(mode eval: the tasks evaluated; empty: every task).")
     format: Literal["auto", "wmrl", "mlebench", "mledojo", "dsbench", "normalised"] = Field(
         "auto", description="Layout of the path or pvc source: wmrl (task.yaml folders), mlebench (prepared "
         "competitions), mledojo (MLE-Dojo prepared data), dsbench (DSBench's data-modeling folder), normalised "
@@ -491,6 +493,10 @@ class EvaluationSpec(_Model):
     max_concurrent: int = Field(
         4, ge=1, le=1024, description="Cap on evaluation's real executions in flight at once, so it leaves the "
         "sandbox pool to training's anchors.")
+    checkpoint: str = Field(
+        "", pattern=r"^(|base|step-[0-9]{8})$", description="Mode eval: the policy evaluated. Empty: the newest "
+        "complete checkpoint under spec.trainer.checkpoint.path (the Job fails when there is none); base: "
+        "spec.policy.model as it is; step-NNNNNNNN: that checkpoint.")
 
 
 class TrajectoryLogSpec(_Model):
@@ -522,6 +528,10 @@ class LoggingSpec(_Model):
     cases: CaseLogSpec = Field(default_factory=CaseLogSpec)
 
 
+EVAL_ONE_PROCESS = ("spec.trainer.gpusPerNode: mode eval runs one evaluation process on one node with at most one "
+                    "GPU: set trainer.gpusPerNode to 0 or 1 and trainer.nodes to 1")
+
+
 class FailurePolicySpec(_Model):
     max_restarts: int = Field(3, ge=0, le=1000, description="Trainer recreations (resuming from checkpoint) before the run fails.")
 
@@ -541,6 +551,12 @@ class WMRLRunSpec(_Model):
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     active_deadline_seconds: Optional[int] = Field(None, ge=1)
     ttl_seconds_after_finished: Optional[int] = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _eval_is_one_process(self) -> "WMRLRunSpec":
+        if self.mode is Mode.EVAL and (self.trainer.nodes != 1 or self.trainer.gpus_per_node > 1):
+            raise ValueError(EVAL_ONE_PROCESS)
+        return self
 
     @model_validator(mode="after")
     def _processes_fit(self) -> "WMRLRunSpec":

@@ -57,6 +57,7 @@ CONDITION_TYPES = (RUNNING_CONDITION, SUSPENDED_CONDITION, COMPLETE_CONDITION, F
 TRAINER_RUNNING = "TrainerRunning"
 TRAINER_PENDING = "TrainerPending"
 TRAINER_COMPLETED = "TrainerCompleted"
+EVALUATION_COMPLETED = "EvaluationCompleted"  # mode eval: the evaluation Job completed
 RESTARTING = "Restarting"  # a failed trainer Job is being replaced
 SUSPENDED = "Suspended"  # spec.suspend holds the trainer and the pools at zero
 QUEUED = "Queued"  # waiting for Kueue to admit the trainer Job
