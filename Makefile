@@ -16,7 +16,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The venv is reinstalled only when pyproject.toml changes: its hash is the stamp.
 STAMP := $(VENV)/.pyproject.sha256
-PYTEST_ARGS ?=
+# The 25 slowest tests are listed after the summary: where CI time goes (docs/e2e.md, "Time").
+PYTEST_ARGS ?= --durations=25
 
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 REGISTRY ?= ghcr.io/wmrl
