@@ -376,6 +376,11 @@ def sandbox_volume_mebibytes(slots: int, file_mi: int = SANDBOX_FILE_MI) -> tupl
     return SANDBOX_WORK_MI_BASE + 2 * file_mi * slots, file_mi * slots
 
 
+SANDBOX_GPU_DEVICES = "/dev/nvidia*"
+"""What a sandbox server with ``spec.sandbox.gpus`` binds into its executions (``--device``): the nodes
+the NVIDIA device plugin puts in the container (nvidia0..N, nvidiactl, nvidia-uvm...)."""
+
+
 def sandbox_env(spec: WMRLRunSpec) -> list[dict[str, str]]:
     """The sandbox server's settings (its WMRL_SANDBOX_* flags' defaults) for spec.sandbox."""
     s = spec.sandbox
@@ -392,6 +397,8 @@ def sandbox_env(spec: WMRLRunSpec) -> list[dict[str, str]]:
            ("WMRL_SANDBOX_CPUS", f"{s.cpus_per_execution:g}")]
     if sandbox_mounts_tasks(spec):
         env.append(("WMRL_SANDBOX_TASKS_DIR", TASKS_MOUNT))
+    if s.gpus > 0:  # the device plugin's nodes, bound into every execution (which then gets no RLIMIT_AS)
+        env.append(("WMRL_SANDBOX_DEVICES", SANDBOX_GPU_DEVICES))
     return [{"name": name, "value": value} for name, value in env]
 
 

@@ -77,6 +77,8 @@ class Limits:
     max_fetch_bytes: int = 64 << 20  # all fetched files together
     tmpfs_mb: int = 64  # size of each private /tmp, /var/tmp, /dev/shm
     threads: int = 1  # OMP/OpenBLAS/MKL threads (one per whole CPU of the execution's cgroup, --cpus)
+    # Device nodes bound into every execution (--device, wmrl_sandbox.devices); with any, no RLIMIT_AS.
+    devices: tuple[str, ...] = ()
 
 
 @dataclass
@@ -273,7 +275,7 @@ def _bwrap_prefix(bwrap: str, workdir: Path, work_root: str, python: str, limits
     layout = _namespace_layout(workdir, work_root, [interpreter_root(python)])
     return bwrap_command(bwrap, workdir=str(workdir), work_root=work_root, seccomp_fd=filter_fd, info_fd=info_fd,
                          visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=limits.tmpfs_mb << 20,
-                         data=bwrap_args(data) if data is not None else None)
+                         data=bwrap_args(data) if data is not None else None, devices=tuple(limits.devices))
 
 
 def _data_mount(request: ExecutionRequest, workdir: Path, uid: Optional[int], isolation: Isolation) -> Optional[DataMount]:
@@ -396,7 +398,7 @@ def _execute(request: ExecutionRequest, *, work_root: str, uid: Optional[int], i
                 if info_write is not None:  # deployed mode: the child makes bwrap's namespaces itself
                     layout = {**_namespace_layout(workdir, work_root, [interpreter_root(python),
                                                                        *warm.info["libraries"]]),
-                              "tmpfs_bytes": limits.tmpfs_mb << 20}
+                              "tmpfs_bytes": limits.tmpfs_mb << 20, "devices": list(limits.devices)}
                 job = job_message(warm, script=str(workdir / SCRIPT_NAME), workdir=str(workdir), exec_dir=str(exec_dir),
                                   env=child_env(str(workdir), marker, limits.threads), uid=uid, isolation=isolation, limits=limits,
                                   memory_mb=memory_mb, run_timeout=run_timeout, python=python, namespaces=layout,

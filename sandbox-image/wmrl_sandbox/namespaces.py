@@ -31,6 +31,9 @@ import select
 import signal
 from typing import Iterable, Optional
 
+from wmrl_sandbox.devices import bind as bind_device_nodes
+from wmrl_sandbox.devices import bwrap_args as device_args
+
 from wmrl_sandbox.linux import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID,
                                 CLONE_NEWUSER, CLONE_NEWUTS, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE,
                                 MS_RDONLY, MS_REC, MS_REMOUNT, PR_CAPBSET_DROP, PR_CAP_AMBIENT,
@@ -41,7 +44,7 @@ INSIDE_UID = 1000
 
 def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, info_fd: int,
                   visible: Iterable[str] = (), hidden: Iterable[str] = (), tmpfs_bytes: int = 256 << 20,
-                  data: Optional[tuple[list[str], list[str]]] = None) -> list[str]:
+                  data: Optional[tuple[list[str], list[str]]] = None, devices: tuple[str, ...] = ()) -> list[str]:
     """bwrap's arguments up to and including ``--`` (the program's command line follows).
 
     bwrap writes ``{"child-pid": N}`` to ``info_fd`` once the namespaces exist: N is the PID
@@ -51,7 +54,8 @@ def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, 
     it lives under /tmp); ``hidden``: directories masked by an empty tmpfs (the server's home,
     service account tokens). ``data``: the task data mount's arguments
     (:func:`wmrl_sandbox.data_mount.bwrap_args`): the tasks directory hidden with the other masks,
-    the public directory bound read-only after the working directory.
+    the public directory bound read-only after the working directory. ``devices``: device nodes
+    (``--device``, :mod:`wmrl_sandbox.devices`) bound at their own paths, after every mask.
     """
     args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(INSIDE_UID), "--gid",
             str(INSIDE_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -68,6 +72,7 @@ def bwrap_command(bwrap: str, *, workdir: str, work_root: str, seccomp_fd: int, 
     args += ["--bind", workdir, workdir]
     if data is not None:
         args += data[1]
+    args += device_args(devices)
     args += ["--chdir", workdir, "--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--"]
     return args
 
@@ -146,7 +151,8 @@ def _init(program: int, report: int) -> None:  # pragma: no cover - PID 1 of an 
 
 
 def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] = (), hidden: Iterable[str] = (),
-          tmpfs_bytes: int = 256 << 20, data: Optional[list[str]] = None) -> None:  # pragma: no cover - runs in a fork server's child
+          tmpfs_bytes: int = 256 << 20, data: Optional[list[str]] = None,
+          devices: Iterable[str] = ()) -> None:  # pragma: no cover - runs in a fork server's child
     r"""Make, in this process, what :func:`bwrap_command` makes for a cold execution.
 
     Three processes, as with bwrap: this one ``unshare``\s new user, PID, network, mount, IPC, UTS
@@ -154,7 +160,7 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     read-only, its own /proc, fresh tmpfs over /tmp, /var/tmp and /dev/shm, the work root and
     ``hidden`` masked, ``workdir`` bound back read-write and ``visible`` read-only; with ``data``,
     :class:`wmrl_sandbox.data_mount.DataMount`'s JSON, the tasks directory masked too and the public
-    directory bound read-only at its target), dies with its
+    directory bound read-only at its target; ``devices`` bound at their own paths last), dies with its
     parent, and forks the program's process (PID 2, uid :data:`INSIDE_UID`, a session of its own).
     Only that one returns; the caller then clears its capabilities and loads the seccomp filter.
     PID 1 stays the namespace's reaper (a process that is PID 1 would ignore its own signals).
@@ -201,6 +207,7 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
         masks.append(hide)
         if source is not None:
             keep.append((target, os.open(source, os.O_PATH | os.O_DIRECTORY), True))  # after its parent, workdir
+    given = [(path, os.open(path, os.O_PATH)) for path in dict.fromkeys(devices)]  # --device, bound last
     devices = [(name, os.open(f"/dev/{name}", os.O_PATH)) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
     check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)),
@@ -216,6 +223,7 @@ def enter(*, workdir: str, work_root: str, info_fd: int, visible: Iterable[str] 
     for path, fd, read_only in keep:
         _bind(fd, path, read_only)
         os.close(fd)
+    bind_device_nodes(given)
     libc.sethostname(b"sandbox", 7)
     _drop_capabilities()
     program = os.fork()

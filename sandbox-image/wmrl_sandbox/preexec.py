@@ -18,7 +18,7 @@ import sys
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Optional
 
-from wmrl_sandbox import cgroups, seccomp
+from wmrl_sandbox import cgroups, devices, seccomp
 from wmrl_sandbox.data_mount import DataMount
 from wmrl_sandbox.isolation import Isolation
 from wmrl_sandbox.linux import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE,
@@ -126,6 +126,9 @@ def make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits
     set up: it keeps the namespace (and its private /tmp) alive after the execution's last process
     is gone, so ``fetch_files`` can read ``/tmp/...`` as the program saw it.
 
+    ``limits.devices`` (``--device``): bound at their own paths after the masks (root mode), and no
+    address-space limit is set (the execution's cgroup bounds its memory, where cgroups are on).
+
     ``warm``: called in a fork server's child (:mod:`wmrl_sandbox.warm`), where no ``execve``
     follows to drop root's capabilities: they are cleared here, and checked, before seccomp.
     ``reveal``: directories the program must be able to read although an ancestor is closed to
@@ -152,6 +155,7 @@ def make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits
                 # Opened before anything is masked (the tasks directory may lie under /tmp, say).
                 data_fd = os.open(data.source, os.O_PATH | os.O_DIRECTORY) if data and data.source else None
                 kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in hidden]
+                device_fds = [(path, os.open(path, os.O_PATH)) for path in dict.fromkeys(limits.devices)]
                 for d in WORLD_WRITABLE_DIRS:
                     if os.path.isdir(d):
                         mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.tmpfs_mb}m,mode=1777")
@@ -162,12 +166,14 @@ def make_preexec(exec_dir: str, uid: Optional[int], isolation: Isolation, limits
                 _reveal(reveal, exec_dir)
                 if data is not None:
                     _mount_data(data, data_fd)
+                devices.bind(device_fds)
                 if ns_sock is not None:
                     ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
                     socket.send_fds(ns_sock, [b"m"], [ns_fd])
                     os.close(ns_fd)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+        if not limits.devices:  # CUDA reserves huge address ranges: with a device, the cgroup bounds memory
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb << 20, limits.file_size_mb << 20))
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -49,7 +49,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from wmrl.api.vocabulary import SANDBOX_ISOLATION_REFUSAL
-from wmrl_sandbox import cgroups, data_mount, executor, imports, linux, selftest, warm_slots
+from wmrl_sandbox import cgroups, data_mount, devices, executor, imports, linux, selftest, warm_slots
 from wmrl_sandbox.executor import ExecutionRequest, ExecutionResult, Limits, RequestError
 from wmrl_sandbox.isolation import MODES as ISOLATION_MODES, Isolation, missing, probe_isolation
 from wmrl_sandbox.preexec import interpreter_root
@@ -309,7 +309,7 @@ class SandboxServer:
                                   "max_queue_wait": self.queue.max_wait,
                                   "isolation": self.isolation.describe(), "layers": self.layers,
                                   "tasks_dir": self.tasks_dir,
-                                  "warm": self.warm.describe(), "cgroups": self.cgroups.describe(),
+                                  "warm": self.warm.describe(), "cgroups": self.cgroups.describe(), "devices": list(self.limits.devices),
                                   "uids": self.uid_pool.uids if self.uid_pool else []})
 
     async def metrics_handler(self, _request: web.Request) -> web.Response:
@@ -491,6 +491,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the tasks volume (read-only): a request's data_dir names one of its public "
                              "directories, mounted read-only at data/ with the rest of it hidden (env "
                              f"{data_mount.TASKS_DIR_ENV}; default none: data is uploaded with each request)")
+    parser.add_argument("--device", metavar="PATH", action="append", default=None,
+                        help="a device node (a glob such as '/dev/nvidia*', expanded at start-up; repeatable) bound "
+                             "into every execution at its own path; with any, executions get no address-space limit "
+                             "(their cgroup bounds memory). A pattern matching nothing is refused (exit 2). Env "
+                             f"{devices.DEVICES_ENV} (comma-separated), used when no --device is given; default none")
     parser.add_argument("--max-run-timeout", type=float,
                         default=_env("WMRL_SANDBOX_TIMEOUT_SECONDS", float, d.max_run_timeout),
                         help="cap on a request's run_timeout (env WMRL_SANDBOX_TIMEOUT_SECONDS)")
@@ -536,10 +541,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     max_memory = args.max_memory_mb if args.max_memory_mb is not None else max(Limits().max_memory_mb, args.memory_mb)
+    patterns = args.device if args.device else devices.parse_env(os.environ.get(devices.DEVICES_ENV, ""))
+    try:
+        device_paths = devices.expand(patterns)
+    except ValueError as exc:
+        return _refuse(str(exc))
     limits = Limits(memory_mb=args.memory_mb, max_memory_mb=max_memory,
                     max_run_timeout=args.max_run_timeout, nproc=args.nproc, file_size_mb=args.file_size_mb,
                     max_output_bytes=args.max_output_bytes, max_fetch_bytes=args.max_fetch_bytes,
-                    tmpfs_mb=args.tmpfs_mb, threads=threads_for(args.cpus))
+                    tmpfs_mb=args.tmpfs_mb, threads=threads_for(args.cpus), devices=device_paths)
     if os.environ.get("TMPDIR"):  # the image points it into /work, an emptyDir that starts empty
         os.makedirs(os.environ["TMPDIR"], exist_ok=True)
     try:
@@ -579,7 +589,12 @@ def main(args: argparse.Namespace) -> int:
     print(f"wmrl sandbox: isolation mode {server.isolation.mode} (--isolation {server.isolation.requested}); self-test: "
           + ("every layer holds" if not failing else f"NOT holding: {', '.join(failing)}")
           + f"; warm starts: {_warm_line(server.warm.describe())}"
-          + f"; cgroups: {_cgroups_line(server.cgroups.describe())}", flush=True)
+          + f"; cgroups: {_cgroups_line(server.cgroups.describe())}"
+          + f"; {devices.memory_note(device_paths, 'memory' in server.cgroups.versions)}", flush=True)
+    if device_paths and "memory" not in server.cgroups.versions:
+        print("wmrl sandbox serve: warning: --device without a memory cgroup per execution: executions have no "
+              "address-space limit, so no memory bound but the container's (docs/sandbox.md, GPUs)",
+              file=sys.stderr, flush=True)
     if failing and args.require_isolation:
         server.close()
         return _refuse(f"{SANDBOX_ISOLATION_REFUSAL}: --require-isolation: these layers do not hold here: "

@@ -183,7 +183,7 @@ def _enter_namespaces(job: dict, isolation: Isolation, limits: Limits,
     layout = job["namespaces"]
     namespaces.enter(workdir=job["workdir"], work_root=layout["work_root"], info_fd=info_fd,
                      visible=layout["visible"], hidden=layout["hidden"], tmpfs_bytes=layout["tmpfs_bytes"],
-                     data=job.get("data"))
+                     data=job.get("data"), devices=layout.get("devices", ()))
     clear_capabilities()
     seccomp.set_no_new_privs()  # as bwrap sets it, with or without the filter
     if isolation.seccomp:

@@ -700,6 +700,18 @@ def test_sandbox_gpus_are_rendered_as_nvidia_gpu_limits():
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_sandbox_gpus_are_bound_into_every_execution(gpus):
+    """With spec.sandbox.gpus the server is told to bind the device plugin's /dev/nvidia* into every
+    execution (WMRL_SANDBOX_DEVICES, read as --device); without, it is not told any device."""
+    from wmrl_sandbox import devices
+
+    env = _env_of(b.sandbox_deployment(RUN, spec(sandbox={"gpus": gpus})))
+    assert devices.parse_env(env[devices.DEVICES_ENV]) == ["/dev/nvidia*"]
+    assert devices.DEVICES_ENV not in _env_of(b.sandbox_deployment(RUN, spec()))
+    assert devices.DEVICES_ENV not in _env_of(b.sandbox_deployment(RUN, spec(sandbox={"gpus": 0})))
+
+
 @pytest.mark.parametrize("field,value", [("memoryMB", 64), ("tmpfsMB", 0), ("fileSizeMB", 0),
                                          ("cpusPerExecution", -1), ("gpus", -1)])
 def test_bad_sandbox_limits_are_refused_naming_the_field(field, value):
