@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from e2e_helpers import describe, pod_logs, ready, run_pods, unique, wait_for
+from e2e_helpers import describe, get_json, pod_logs, ready, run_pods, unique, wait_for
 from e2e_runs import sandbox_only_run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
@@ -93,7 +93,10 @@ def mounted_pool(k8s_cluster, real_node, e2e_images, e2e_operator, runs_namespac
         raise AssertionError(describe(k8s_cluster, runs_namespace, "pods") + "\n"
                              + pod_logs(k8s_cluster, runs_namespace, f"wmrl.dev/run={name}"))
     yield {"pod": pod, "url": f"http://{pod['status']['podIP']}:8080"}
-    k8s_cluster.kubectl("delete", "wmrlrun", name, "-n", runs_namespace, "--wait=false", check=False)
+    # Gone before the next module: the real node's CPU is small, and later tests schedule Pods there.
+    k8s_cluster.kubectl("delete", "wmrlrun", name, "-n", runs_namespace, "--wait=true", "--timeout=120s", check=False)
+    wait_for(lambda: not get_json(k8s_cluster, "pods", "-n", runs_namespace, "-l", f"wmrl.dev/run={name}")["items"],
+             timeout=180, interval=2, what=f"the Pods of {name}, terminating ones included, to go")
 
 
 def run_code(pool, code, run_timeout=20, **fields):

@@ -43,7 +43,9 @@ def test_killing_the_leaders_pod_hands_over_and_runs_are_still_reconciled(k8s_cl
     k8s_cluster.kubectl("delete", "pod", before, "-n", SYSTEM_NS, "--wait=false")
     after = wait_for(lambda: (_holder(k8s_cluster) if _holder(k8s_cluster) not in (None, before) else None),
                      timeout=90, what="the lease to move off the killed leader")
-    assert after == other
+    # The follower usually wins; the ReplicaSet's replacement Pod may start and win the expired lease
+    # first (seen once in CI): either is a handover, as long as no one holds it twice.
+    assert after == other or after not in pods, (before, after, sorted(pods))
 
     name = unique("after-handover")
     run = {"apiVersion": "wmrl.dev/v1alpha1", "kind": "WMRLRun", "metadata": {"name": name},
