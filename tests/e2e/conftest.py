@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from e2e_helpers import (CHART, RELEASE, ROOT, RUNS_NS, SYSTEM_NS, describe, pod_logs, ready, run_pods,
-                         unique, wait_for)
+from e2e_helpers import (CHART, RELEASE, ROOT, RUNS_NS, SYSTEM_NS, describe, unique, wait_for,
+                         wait_ready_sandbox)
 
 sys.path.insert(0, str(ROOT / "tests" / "images"))
 import images as project_images  # noqa: E402  (tests/images/images.py: stdlib only)
@@ -92,14 +92,6 @@ def sandbox_run(k8s_cluster, real_node, e2e_images, e2e_operator, runs_namespace
     manifest = sandbox_only_run(name, e2e_images, real_node.placement())
     k8s_cluster.kubectl("apply", "-n", runs_namespace, "-f", "-", input=json.dumps(manifest))
 
-    def ready_sandbox():
-        pods = [p for p in run_pods(k8s_cluster, runs_namespace, name, "sandbox") if ready(p)]
-        return pods[0] if pods else None
-
-    try:
-        pod = wait_for(ready_sandbox, timeout=300, interval=2, what=f"a Ready sandbox Pod of {name}")
-    except AssertionError:
-        raise AssertionError(describe(k8s_cluster, runs_namespace, "pods") + "\n"
-                             + pod_logs(k8s_cluster, runs_namespace, f"wmrl.dev/run={name}"))
+    pod = wait_ready_sandbox(k8s_cluster, runs_namespace, name)
     yield name, pod
     k8s_cluster.kubectl("delete", "wmrlrun", name, "-n", runs_namespace, "--wait=false", check=False)

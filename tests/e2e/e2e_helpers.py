@@ -51,3 +51,16 @@ def ready(pod):
 
 def unique(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def wait_ready_sandbox(cluster, namespace, run, timeout=300):
+    """The first Ready sandbox Pod of ``run``; on timeout, fails with the namespace's Pods and the run's logs."""
+    def ready_sandbox():
+        pods = [p for p in run_pods(cluster, namespace, run, "sandbox") if ready(p)]
+        return pods[0] if pods else None
+
+    try:
+        return wait_for(ready_sandbox, timeout=timeout, interval=2, what=f"a Ready sandbox Pod of {run}")
+    except AssertionError:
+        raise AssertionError(describe(cluster, namespace, "pods") + "\n"
+                             + pod_logs(cluster, namespace, f"wmrl.dev/run={run}"))

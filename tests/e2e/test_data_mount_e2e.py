@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from e2e_helpers import describe, get_json, pod_logs, ready, run_pods, unique, wait_for
+from e2e_helpers import get_json, unique, wait_for, wait_ready_sandbox
 from e2e_runs import sandbox_only_run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
@@ -83,15 +83,7 @@ def mounted_pool(k8s_cluster, real_node, e2e_images, e2e_operator, runs_namespac
     manifest["spec"]["tasks"] = {"pvc": tasks_volume["claim"], "format": "mlebench"}
     k8s_cluster.kubectl("apply", "-n", runs_namespace, "-f", "-", input=json.dumps(manifest))
 
-    def ready_sandbox():
-        pods = [p for p in run_pods(k8s_cluster, runs_namespace, name, "sandbox") if ready(p)]
-        return pods[0] if pods else None
-
-    try:
-        pod = wait_for(ready_sandbox, timeout=300, interval=2, what=f"a Ready sandbox Pod of {name}")
-    except AssertionError:
-        raise AssertionError(describe(k8s_cluster, runs_namespace, "pods") + "\n"
-                             + pod_logs(k8s_cluster, runs_namespace, f"wmrl.dev/run={name}"))
+    pod = wait_ready_sandbox(k8s_cluster, runs_namespace, name)
     yield {"pod": pod, "url": f"http://{pod['status']['podIP']}:8080"}
     # Gone before the next module: the real node's CPU is small, and later tests schedule Pods there.
     k8s_cluster.kubectl("delete", "wmrlrun", name, "-n", runs_namespace, "--wait=true", "--timeout=120s", check=False)
