@@ -14,6 +14,9 @@ tasks' scripts executed by a real sandbox server, and the scripted world model o
 4. ``two-nodes-fsdp``: the same with ``spec.trainer.strategy: fsdp`` (FSDP2 over gloo, sharded
    checkpoints).
 
+The two-node cases hold one task out and evaluate it after every step, split across the two
+processes (under FSDP generation is collective): every evaluation must be complete.
+
 Writes one JSON document (``--out``): per case its exit codes, seconds, summary and checks.
 Exit 0 when every case passes.
 """
@@ -42,7 +45,7 @@ def free_port() -> int:
 
 
 def write_config(work: Path, name: str, policy: Path, sandbox_url: str, *, steps: int, max_turns: int = 1,
-                 gpus: int = 1, nodes: int = 1, strategy: str = "ddp") -> Path:
+                 gpus: int = 1, nodes: int = 1, strategy: str = "ddp", held_out: tuple[str, ...] = ()) -> Path:
     trainer = {"gpusPerNode": gpus, "nodes": nodes, "strategy": strategy, "checkpoint": {"intervalSteps": 1}}
     if nodes > 1:
         trainer["checkpoint"]["claimName"] = "shared"  # the launchers share this machine's disk
@@ -51,7 +54,8 @@ def write_config(work: Path, name: str, policy: Path, sandbox_url: str, *, steps
         "spec": {
             "mode": "wmrl",
             "policy": {"model": str(policy), "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 16}},
-            "tasks": {"path": str(work / "tasks")},
+            "tasks": {"path": str(work / "tasks"), "heldOut": list(held_out)},
+            **({"evaluation": {"intervalSteps": 1, "samples": 3}} if held_out else {}),
             "algorithm": {"groupSize": 4, "groupsPerStep": 2, "steps": steps, "learningRate": 1e-3, "seed": 1,
                           "maxTurns": max_turns, "anchors": {"fraction": 0.5}},
             "sandbox": {"timeoutSeconds": 30},
@@ -107,7 +111,7 @@ def main() -> int:
     sys.path.insert(0, str(SCRIPTED))
     from wmrl_sandbox.local import LocalServer
     from wmrl_trainer.policy import save_tiny_model
-    from wmrl_scripted import make_tasks
+    from wmrl_scripted import make_tasks, save_turn_ending_policy
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -116,10 +120,7 @@ def main() -> int:
             (work / "tasks" / task.name / rel).parent.mkdir(parents=True, exist_ok=True)
             (work / "tasks" / task.name / rel).write_bytes(content)
     policy = save_tiny_model(work / "policy")
-    ending = save_tiny_model(work / "ending-policy")  # every token ends a turn: multi-turn rows get second turns
-    generation = json.loads((ending / "generation_config.json").read_text())
-    vocabulary = json.loads((ending / "config.json").read_text())["vocab_size"]
-    (ending / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": list(range(vocabulary))}))
+    ending = save_turn_ending_policy(work / "ending-policy")  # multi-turn rows get second turns
 
     results: dict = {"device": args.device, "cases": {}}
     wanted = args.cases.split(",")
@@ -147,13 +148,15 @@ def main() -> int:
                     checks["second turns"] = any(len(r["codes"] or []) > 1 for r in rows)
             else:
                 strategy = case.rsplit("-", 1)[1]
-                config = write_config(work, case, policy, server.url, steps=2, nodes=2, strategy=strategy)
+                config = write_config(work, case, policy, server.url, steps=2, nodes=2, strategy=strategy,
+                                      held_out=("task-2",))
                 port = str(free_port())
                 common = ("--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port)
                 procs = [launch(config, logs, *common, "--node-rank", str(rank), env=gloo) for rank in (0, 1)]
                 codes, outs, seconds = run_case(case, procs, args.timeout)
                 # The same run, one step longer: both ranks resume from the shared checkpoint.
-                again = write_config(work, case, policy, server.url, steps=3, nodes=2, strategy=strategy)
+                again = write_config(work, case, policy, server.url, steps=3, nodes=2, strategy=strategy,
+                                     held_out=("task-2",))
                 common = common[:-1] + (str(free_port()),)
                 procs = [launch(again, logs, *common, "--node-rank", str(rank), env=gloo) for rank in (0, 1)]
                 codes2, outs2, seconds2 = run_case(case, procs, args.timeout)
@@ -165,6 +168,8 @@ def main() -> int:
                 checks["two processes"] = bool(summary) and summary["processes"] == 2
                 checks["strategy"] = bool(summary) and summary["strategy"] == strategy
                 checks["both ranks logged"] = rollout_ranks(logs) == [0, 1]
+                evaluations = [e for out in (outs[0], outs[2]) for e in ((summary_of(out) or {}).get("heldOut") or [])]
+                checks["held-out evaluated whole"] = len(evaluations) == 3 and all(e["complete"] for e in evaluations)
             if not all(checks.values()):  # the whole output of a failed case, next to the results
                 for i, out in enumerate(outs):
                     (Path(args.out).parent / f"{case}-{i}.log").write_text(out)

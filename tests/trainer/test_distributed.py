@@ -9,7 +9,8 @@ What is checked, on real processes:
   advantages of the whole batch;
 * kill -9 of one rank fails the launch (both launchers, when they are two nodes); the next
   launch resumes from the last checkpoint and finishes with the steps an uninterrupted run takes;
-* two launchers on this machine (two "nodes", rendezvous on localhost) train together.
+* two launchers on this machine (two "nodes", rendezvous on localhost) train together;
+* the held-out evaluation is split across the two processes and reported whole by rank 0.
 
 No GPU here: NCCL, FSDP on GPUs and vLLM tensor parallelism are exercised by tests/gpu.
 """
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -46,7 +48,7 @@ def free_port() -> int:
 def setup(tmp_path_factory):
     from wmrl_sandbox.local import LocalServer
     from wmrl_trainer.policy import save_tiny_model
-    from wmrl_scripted import make_tasks
+    from wmrl_scripted import make_tasks, save_turn_ending_policy
 
     root = tmp_path_factory.mktemp("dist")
     for task in make_tasks(3):
@@ -54,25 +56,22 @@ def setup(tmp_path_factory):
             (root / "tasks" / task.name / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / "tasks" / task.name / rel).write_bytes(content)
     policy = save_tiny_model(root / "policy")
-    # For multi-turn: every token stops a turn, so turns end in a stop token (a turn cut off at
-    # maxNewTokens ends its trajectory) whatever the sampler draws (as test_grpo_multiturn's).
-    ending = save_tiny_model(root / "ending-policy")
-    generation = json.loads((ending / "generation_config.json").read_text())
-    vocabulary = json.loads((ending / "config.json").read_text())["vocab_size"]
-    (ending / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": list(range(vocabulary))}))
+    save_turn_ending_policy(root / "ending-policy")  # multi-turn rows reach second turns
     with LocalServer(slots=4) as server:
         yield root, policy, server.url
 
 
 def write_config(root: Path, name: str, policy: Path, sandbox_url: str, mode: str = "wmrl", steps: int = 2,
-                 max_turns: int = 1, interval: int = 100) -> Path:
+                 max_turns: int = 1, interval: int = 100, held_out: tuple[str, ...] = (),
+                 evaluation: Optional[dict] = None) -> Path:
     config = {
         "apiVersion": "wmrl.dev/v1alpha1", "kind": "WMRLRun",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "mode": mode,
             "policy": {"model": str(policy), "rolloutEngine": "transformers", "sampling": {"maxNewTokens": 8}},
-            "tasks": {"path": str(root / "tasks")},
+            "tasks": {"path": str(root / "tasks"), "heldOut": list(held_out)},
+            **({"evaluation": evaluation} if evaluation else {}),
             "algorithm": {"groupSize": GROUP_SIZE, "groupsPerStep": GROUPS, "steps": steps, "learningRate": 1e-2,
                           "seed": 5, "maxTurns": max_turns, "anchors": {"fraction": 0.5}},
             "sandbox": {"timeoutSeconds": 20},
@@ -208,6 +207,24 @@ def test_two_processes_grade_the_whole_batch_once_and_agree(setup, mode, max_tur
     for number, rewards in replay(config, steps, url).items():
         got = [np.nan if r["reward"] is None else r["reward"] for r in steps[number]]
         np.testing.assert_allclose(got, rewards, rtol=0, atol=1e-12, err_msg=f"step {number}")
+
+
+def test_two_processes_split_the_held_out_evaluation_and_rank_0_reports_it_whole(setup):
+    """Each process samples its share of the held-out trajectories (3 per task over 2 ranks: an
+    uneven split), multi-turn in lockstep; rank 0 executes and reports all of them."""
+    root, _, url = setup
+    held_out = sorted(p.name for p in (root / "tasks").iterdir())[-1:]
+    config = write_config(root, "two-eval", root / "ending-policy", url, mode="real", max_turns=2,
+                          held_out=tuple(held_out), evaluation={"intervalSteps": 1, "samples": 3})
+    result = summary(finish(launch(config, "--nproc-per-node", "2")))
+    assert result["finished"] and result["processes"] == 2
+    assert [(e["step"], e["complete"], e["partial"]) for e in result["heldOut"]] == [(1, True, None), (2, True, None)]
+    for step in (1, 2):
+        report = json.loads((root / "ckpt-two-eval" / "eval" / f"step-{step}.json").read_text())
+        assert report["complete"] and report["samples"] == report["graded"] == 3
+        assert report["sampled_by_rank"] == [2, 1]
+        assert list(report["tasks"]) == held_out and report["reward"] == pytest.approx(report["by_task"][held_out[0]])
+        assert report["executed"] >= 1 and 1 <= report["mean_turns"] <= 2
 
 
 def _worker_pids(launcher: subprocess.Popen) -> list[int]:

@@ -117,6 +117,21 @@ class ScriptedExecutor:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+def save_turn_ending_policy(directory: Path) -> Path:
+    """The tiny policy, with every token a stop token: every turn ends in one, so multi-turn
+    trajectories reach later turns whatever the sampler draws (a turn cut off at maxNewTokens
+    would end its trajectory)."""
+    import json
+
+    from wmrl_trainer.policy import save_tiny_model
+
+    policy = save_tiny_model(directory)
+    generation = json.loads((policy / "generation_config.json").read_text())
+    vocabulary = json.loads((policy / "config.json").read_text())["vocab_size"]
+    (policy / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": list(range(vocabulary))}))
+    return policy
+
+
 def make_tasks(n: int = 3) -> list[Task]:
     return [Task(name=f"task-{i}", description=f"scripted task {i}", kind="classification", metric="accuracy",
                  target="target", data={"train.csv": b"id,f0,target\n0,1,0\n"}, hidden_labels=b"id,target\n0,0\n")

@@ -268,10 +268,11 @@ def build_trainer(config: RunConfig, *, policy: Any = None, tasks: Optional[Sequ
     if evaluating and dispatcher is None:
         log.warning("spec.tasks.heldOut: no sandboxes to execute the held-out tasks on (runtime.sandboxUrls or "
                     "sandboxService): no held-out evaluation")
-    elif evaluating:
+    elif evaluate and held_out:  # rank 0 executes; other ranks sample their share of rank 0's evaluation
         ev = spec.evaluation
-        evaluator = HeldOutEvaluator(held_out, dispatcher, ev.samples, seed=alg.seed + 7919, max_turns=alg.max_turns,
-                                     max_tokens=alg.max_trajectory_tokens, max_concurrent=ev.max_concurrent)
+        evaluator = HeldOutEvaluator(held_out, dispatcher if grading else None, ev.samples, seed=alg.seed + 7919,
+                                     max_turns=alg.max_turns, max_tokens=alg.max_trajectory_tokens,
+                                     max_concurrent=ev.max_concurrent)
     if grading and calibration is None and mode is Mode.WMRL:
         calibration = build_calibration(config)
         owned.append(calibration)

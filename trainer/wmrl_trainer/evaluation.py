@@ -20,6 +20,12 @@ None and ``partial`` saying why. It stops submitting executions at the first fai
 partial evaluation is never a number: the trainer keeps ``heldOutReward`` at the last
 complete one. Sampling forks torch's RNG streams with a fixed seed (common random numbers
 across evaluations), so evaluating never changes what training draws.
+
+Under several processes (``world``) the evaluation is split across them: each samples every
+``size``-th trajectory (seed + rank), all take their turns in lockstep (generation too, for a
+sharded model: FSDP), rank 0 alone executes every turn's scripts (:class:`SharedGrader`) and
+summarizes the gathered trajectories. A process that raises while sampling leaves the others
+waiting in a collective: the process group's timeout then fails the run, as in training.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from wmrl.outcome import Outcome
 from wmrl.task_category import category_of
 from wmrl.tasks import Task
+from wmrl_trainer.distributed import World
 from wmrl_trainer.eval_figures import aggregate, task_figures
-from wmrl_trainer.sampling import sample_solutions, sample_trajectories
+from wmrl_trainer.sampling import prompt_ids, sample_rows, sample_solutions, sample_trajectories
 from wmrl_trainer.turns import Trajectory, repairs
 
 
@@ -101,6 +108,28 @@ class BoundedGrader:
         if len(futures) < len(todo) and not self.failures:  # pragma: no cover - a break implies a failure
             self.failures.append("executions were not submitted")
         return [known.get((t.name, code)) for t, code in items]
+
+
+class SharedGrader:
+    """``grade`` for :func:`~wmrl_trainer.sampling.sample_rows` under several processes (collective:
+    every process calls it once per turn): every process's (task, script) items are executed once,
+    on rank 0 by ``grader`` (None on the other ranks), and each process gets its own outcomes back.
+    Items travel as (task name, script); ``tasks`` names them on rank 0."""
+
+    def __init__(self, world: World, grader: Optional[BoundedGrader], tasks: Sequence[Task]):
+        if world.is_main and grader is None:
+            raise ValueError("rank 0 grades: it needs a grader")
+        self.world, self.grader = world, grader
+        self.tasks = {task.name: task for task in tasks}
+
+    def __call__(self, items: Sequence[tuple[Task, str]]) -> list[Optional[Outcome]]:
+        parts = self.world.gather([[(task.name, code) for task, code in items]])
+
+        def grade_all() -> list[list[Optional[Outcome]]]:
+            outcomes = iter(self.grader([(self.tasks[name], code) for part in parts for name, code in part]))
+            return [[next(outcomes) for _ in part] for part in parts]
+
+        return self.world.share(grade_all)[self.world.rank]
 
 
 def _failure(key: tuple[str, str], future: cf.Future) -> Optional[str]:
@@ -196,11 +225,16 @@ class HeldOutEvaluator:
         self.categories = {task.name: category_of(task) for task in self.tasks}  # once: it may read the data
 
     def evaluate(self, model: Any, tokenizer: Any, sampling: Any,
-                 on_graded: Optional[Callable[[int], None]] = None) -> dict[str, Any]:
+                 on_graded: Optional[Callable[[int], None]] = None, *, world: Optional[World] = None,
+                 synced: bool = False) -> Optional[dict[str, Any]]:
         """Sample, execute and summarize; never raises for a sandbox or sampling failure (the report is partial).
 
         ``on_graded(n)``: n more turns graded (a progress bar's update; at most tasks x samples x
-        maxTurns in all, fewer when trajectories stop early)."""
+        maxTurns in all, fewer when trajectories stop early). ``world`` with several processes:
+        every process calls this, split as the module docstring says (``synced``: generation is
+        collective, a sharded model); the report is rank 0's, the others get None."""
+        if world is not None and world.size > 1:
+            return self._evaluate_split(model, tokenizer, sampling, world, synced, on_graded)
         started = time.perf_counter()
         grader = BoundedGrader(self.dispatcher, self.max_concurrent, self.cache, on_graded)
         trajectories: list[Trajectory] = []
@@ -217,3 +251,23 @@ class HeldOutEvaluator:
             grader.failures.append(f"evaluation stopped: {type(exc).__name__}: {exc}")
         return summarize(self.tasks, trajectories, failures=grader.failures, executed=grader.executed,
                          seconds=time.perf_counter() - started, max_turns=self.max_turns, categories=self.categories)
+
+    def _evaluate_split(self, model: Any, tokenizer: Any, sampling: Any, world: World, synced: bool,
+                        on_graded: Optional[Callable[[int], None]]) -> Optional[dict[str, Any]]:
+        started = time.perf_counter()
+        grader = BoundedGrader(self.dispatcher, self.max_concurrent, self.cache, on_graded) if world.is_main else None
+        rows = [task for task in self.tasks for _ in range(self.samples)]
+        mine = list(range(world.rank, len(rows), world.size))
+        sampled = sample_rows(model, tokenizer, [rows[i] for i in mine], sampling, self.max_turns,
+                              SharedGrader(world, grader, self.tasks), seed=self.seed + world.rank,
+                              max_tokens=self.max_tokens, world=world, synced=synced,
+                              stand_in=prompt_ids(self.tasks[0], tokenizer))
+        gathered = world.gather([(world.rank, i, t.turns, t.stop) for i, t in zip(mine, sampled)])
+        if not world.is_main:
+            return None
+        trajectories = [Trajectory(rows[i], anchor=True, turns=turns, stop=stop)
+                        for _, i, turns, stop in sorted(gathered, key=lambda found: found[1])]
+        point = summarize(self.tasks, trajectories, failures=grader.failures, executed=grader.executed,
+                          seconds=time.perf_counter() - started, max_turns=self.max_turns, categories=self.categories)
+        point["sampled_by_rank"] = [sum(1 for found in gathered if found[0] == rank) for rank in range(world.size)]
+        return point

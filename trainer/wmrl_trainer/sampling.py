@@ -21,6 +21,7 @@ import contextlib
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from wmrl.tasks import Task
+from wmrl_trainer.distributed import World
 from wmrl_trainer.loop import extract_code
 from wmrl_trainer.prompts import task_prompt
 from wmrl_trainer.turns import Trajectory
@@ -145,10 +146,13 @@ def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
     return {int(e) for e in eos if e is not None}
 
 
-def _generate_batch(model: Any, tokenizer: Any, inputs: list[list[int]], sampling: Any) -> list[list[int]]:
+def _generate_batch(model: Any, tokenizer: Any, inputs: list[list[int]], sampling: Any,
+                    synced: bool = False) -> list[list[int]]:
     """One sampled continuation per input (left-padded batch, as TRL's transformers path generates),
     up to and including its first stop token, as TRL keeps completions (the padding after it dropped;
-    a pad token that is also the EOS is kept where it ends the turn)."""
+    a pad token that is also the EOS is kept where it ends the turn). ``synced``: every process
+    generates in lockstep until all are done (transformers' ``synced_gpus``, which a sharded model
+    needs: each forward pass gathers its parameters from every process)."""
     import torch
 
     width = max(len(ids) for ids in inputs)
@@ -159,7 +163,7 @@ def _generate_batch(model: Any, tokenizer: Any, inputs: list[list[int]], samplin
         mask[row, width - len(seq):] = 1
     out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True,
                          temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens,
-                         pad_token_id=tokenizer.pad_token_id)
+                         pad_token_id=tokenizer.pad_token_id, synced_gpus=synced)
     stops = _stop_ids(model, tokenizer)
     rows = []
     for row in out[:, width:].tolist():
@@ -180,17 +184,36 @@ def sample_trajectories(model: Any, tokenizer: Any, tasks: Sequence[Task], sampl
     ``grade``'s). Same RNG and train/eval-mode hygiene as :func:`sample_solutions`.
     """
     rows = [task for task in tasks for _ in range(samples_per_task)]
-    prompts = {task.name: prompt_ids(task, tokenizer) for task in tasks}
+    return sample_rows(model, tokenizer, rows, sampling, max_turns, grade, seed=seed, max_tokens=max_tokens)
+
+
+def sample_rows(model: Any, tokenizer: Any, rows: Sequence[Task], sampling: Any, max_turns: int,
+                grade: Callable[[list[tuple[Task, str]]], list[Any]], *, seed: Optional[int] = None,
+                max_tokens: Optional[int] = None, world: Optional[World] = None, synced: bool = False,
+                stand_in: Optional[list[int]] = None) -> list[Any]:
+    """One trajectory per entry of ``rows`` (a task), as :func:`sample_trajectories` samples them.
+
+    With ``world`` (several processes, each sampling its own rows), every process takes the same
+    number of turns, each a generation and a ``grade`` call, until no process has a running
+    trajectory: ``grade`` may then be collective, and with ``synced`` so may generation (a sharded
+    model). A process whose trajectories have all ended generates from ``stand_in`` (token ids) in
+    their place and throws the result away.
+    """
+    prompts = {task.name: prompt_ids(task, tokenizer) for task in rows}
     trajectories = [Trajectory(task, anchor=True) for task in rows]
     history: list[list[int]] = [[] for _ in rows]
     budget = max_tokens or default_trajectory_tokens(max_turns, sampling.max_new_tokens)
     stops = _stop_ids(model, tokenizer)
+    lockstep = world is not None and world.size > 1
+    if lockstep and stand_in is None:
+        raise ValueError("sampling in lockstep needs stand_in token ids for a process with no running trajectory")
     with sampling_mode(model, seed):
         for turn in range(max_turns):
             active = [r for r, t in enumerate(trajectories) if not t.done]
-            if not active:
+            if not (world.any(bool(active)) if lockstep else active):
                 break
-            new = _generate_batch(model, tokenizer, [prompts[rows[r].name] + history[r] for r in active], sampling)
+            inputs = [prompts[rows[r].name] + history[r] for r in active] or [list(stand_in or [])]
+            new = _generate_batch(model, tokenizer, inputs, sampling, synced=synced)[:len(active)]
             new = [ids[:max(0, budget - len(history[r]))] for ids, r in zip(new, active)]
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             codes = [extract_code(completion_text(t)) for t in texts]

@@ -7,15 +7,14 @@
 so the Job restarts it and it resumes).
 
 Held-out evaluation (``spec.evaluation``, :mod:`wmrl_trainer.evaluation`): after every
-``intervalSteps``-th step and after the last one, rank 0 samples the held-out tasks with the
-current policy and grades them by real execution, before it reports the step; the other
-processes wait for it in the step's collective (the process group's timeout,
-``2 x spec.sandbox.timeoutSeconds + 600`` s, bounds an evaluation under several processes).
-Its time is no step's: the next step's clock starts after it. The report goes to
-``<checkpoint dir>/eval/step-<n>.json``, with what training had spent by then (``compute``:
-trainer seconds, GPU-hours, executions); ``heldOutReward`` (status, metrics, the step's log
-line) changes only with a complete evaluation. Under FSDP with several processes generation
-is collective, so the evaluation is reported partial (not supported there) instead of run.
+``intervalSteps``-th step and after the last one, the held-out tasks are sampled with the
+current policy and graded by real execution, before the step is reported. Under several
+processes (DDP or FSDP) every process samples its share of the trajectories in lockstep and
+rank 0 executes them all (the process group's timeout, ``2 x spec.sandbox.timeoutSeconds +
+600`` s, bounds each collective). Its time is no step's: the next step's clock starts after
+it. The report goes to ``<checkpoint dir>/eval/step-<n>.json``, with what training had spent
+by then (``compute``: trainer seconds, GPU-hours, executions); ``heldOutReward`` (status,
+metrics, the step's log line) changes only with a complete evaluation.
 """
 
 from __future__ import annotations
@@ -99,7 +98,8 @@ class WMRLTrainer:
                  reporter: Any, callbacks: Iterable[StepCallback] = (), owned: Iterable[Any] = (),
                  world: World = World(), evaluator: Optional[HeldOutEvaluator] = None):
         """``step`` is None on ranks other than 0 (only rank 0 grades; :mod:`wmrl_trainer.distributed`);
-        ``evaluator`` (rank 0) evaluates the held-out tasks per ``spec.evaluation``; None: no evaluation."""
+        ``evaluator`` evaluates the held-out tasks per ``spec.evaluation`` (every process holds one when
+        rank 0 does; only rank 0's has a dispatcher); None: no evaluation."""
         self.config = config
         self.world = world
         self.grpo = grpo
@@ -117,6 +117,7 @@ class WMRLTrainer:
         self._step_started = time.perf_counter()
         self.health = HealthMonitor(config.spec.algorithm.group_size)
         self.evaluator = evaluator
+        self._rank0_evaluates: Optional[bool] = None  # several processes: learnt at the first evaluation
         self.evaluations: list[dict[str, Any]] = []
         grpo.add_callback(_Hook(self))
 
@@ -135,13 +136,9 @@ class WMRLTrainer:
         state = self.grpo.state
         now = time.perf_counter()
         if scored is not None:  # progress comes from rank 0 only; its failure stops every rank
-            def report() -> None:
-                spent = training_compute(self.reporter.totals, scored.record, now - self._step_started,
-                                         self._gpus())
-                evaluation = self._evaluate_if_due(state.global_step, state.max_steps, spent)
-                self._report(scored.record, now, evaluation)
-
-            self.world.share(report)
+            spent = training_compute(self.reporter.totals, scored.record, now - self._step_started, self._gpus())
+            evaluation = self._evaluate_if_due(state.global_step, state.max_steps, spent)  # every rank takes part
+            self.world.share(lambda: self._report(scored.record, now, evaluation))
         stopping = self.world.any(self.stop_requested.is_set())  # every rank stops at the same step
         if stopping or state.global_step % self.interval == 0 or state.global_step >= state.max_steps:
             self.save_checkpoint()
@@ -236,7 +233,14 @@ class WMRLTrainer:
 
     def _evaluate_if_due(self, step: int, max_steps: int,
                          compute: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
-        if self.evaluator is None or not self.evaluation_due(step, max_steps):
+        if not self.evaluation_due(step, max_steps):
+            return None
+        if self.world.size > 1:  # every process samples, so all must know that rank 0 evaluates
+            if self._rank0_evaluates is None:
+                self._rank0_evaluates = self.world.broadcast(self.evaluator is not None)
+            if not self._rank0_evaluates:
+                return None
+        elif self.evaluator is None:
             return None
         return self.evaluate_held_out(step, compute)
 
@@ -245,22 +249,21 @@ class WMRLTrainer:
         device = getattr(getattr(self.grpo, "accelerator", None), "device", None)
         return self.world.size if getattr(device, "type", "cpu") == "cuda" else 0
 
-    def evaluate_held_out(self, step: int, compute: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        """Evaluate the held-out tasks now (rank 0), write the report and hand it to the reporter; returns it.
+    def evaluate_held_out(self, step: int, compute: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+        """Evaluate the held-out tasks now, write the report and hand it to the reporter; returns it
+        (rank 0; under several processes every process calls this and the others get None).
 
         ``compute``: what training has spent up to this step (:func:`training_compute`), kept in the
         report so that held-out curves can be drawn over compute (``wmrl report --eval-dir``)."""
         if self.evaluator is None:
-            raise RuntimeError("no held-out evaluator (spec.tasks.heldOut empty, or not rank 0)")
+            raise RuntimeError("no held-out evaluator (spec.tasks.heldOut empty, or no sandboxes to execute on)")
         ev = self.config.spec.evaluation
-        if self.world.size > 1 and getattr(self.grpo, "is_fsdp_enabled", False):
-            point = {"complete": False, "reward": None, "samples": 0, "graded": 0, "executed": 0, "eval_seconds": 0.0,
-                     "partial": "spec.trainer.strategy fsdp: generation is collective over the processes, and the "
-                                "held-out evaluation runs on rank 0 alone (not supported under FSDP yet)"}
-        else:
-            model = self.grpo.accelerator.unwrap_model(self.grpo.model)
-            sampling = self.config.spec.policy.sampling.model_copy(update={"temperature": ev.temperature})
-            point = self.evaluator.evaluate(model, self.grpo.processing_class, sampling)
+        model = self.grpo.accelerator.unwrap_model(self.grpo.model)  # FSDP2 shards in place: still collective
+        sampling = self.config.spec.policy.sampling.model_copy(update={"temperature": ev.temperature})
+        point = self.evaluator.evaluate(model, self.grpo.processing_class, sampling, world=self.world,
+                                        synced=bool(getattr(self.grpo, "is_fsdp_enabled", False)))
+        if point is None:  # not rank 0: its share is in rank 0's report
+            return None
         point.update(step=step, samples_per_task=ev.samples, temperature=ev.temperature,
                      max_turns=self.config.spec.algorithm.max_turns)
         if compute is not None:
