@@ -90,7 +90,8 @@ score = t * 0.6 + rng.random(n) * 0.7
 subs["tabular-playground-series-may-2022"] = {"good": ans.assign(target=np.clip(score, 0, 1)),
                                               "ties": ans.assign(target=np.round(np.clip(score, 0, 1), 1)),
                                               "random": ans.assign(target=rng.random(n)),
-                                              "invalid-over-1": ans.assign(target=score + 1)}
+                                              "invalid-over-1": ans.assign(target=score + 1),
+                                              "invalid-below-0": ans.assign(target=np.clip(score, 0, 1) - 0.01)}
 # A submission whose AUC rounds up at 5 decimals: a synthetic board puts the gold threshold at its
 # rounded score, which MLE-bench's Grader (rounding first) reaches and the unrounded score does not.
 for _ in range(1000):
