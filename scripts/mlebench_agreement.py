@@ -12,9 +12,13 @@ boolean labels; leaf-classification: 99-class log-loss, a grade.py with a relati
 tabular-playground-series-may-2022: AUC), loads them through the installed competition folders
 (found without competitionsDir), and scores correct, poor and invalid submissions three ways: MLE-bench's
 Grader, wmrl's grading subprocess running the competition's grade.py, and wmrl's built-in metric of
-the grader's name. A leaderboard.csv that is still a Git LFS pointer (a checkout without ``git lfs
-pull``) is reported; the competition is then loaded from a copy of its folder with a synthetic board.
-Nothing in the installed package is changed. Exit status 0 when all three agree.
+the grader's name; each valid score is placed on the leaderboard by MLE-bench's ``rank_score`` and by
+wmrl (medal, above median). A leaderboard.csv that is still a Git LFS pointer (a checkout without
+``git lfs pull``) is reported; the competition is then loaded from a copy of its folder with a
+synthetic board (for the AUC competition, with its gold threshold where only a score rounded to 5
+decimals reaches it). Nothing in the installed package is changed. It prints the agreement counts;
+exit status 0 when validity, the rounded score, medal and above-median all agree and the built-in
+metric equals ``grade_fn`` on every valid submission.
 """
 import shutil
 import sys
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from sklearn.metrics import roc_auc_score
 
 import mlebench
 from mlebench.registry import Registry
@@ -85,7 +90,16 @@ score = t * 0.6 + rng.random(n) * 0.7
 subs["tabular-playground-series-may-2022"] = {"good": ans.assign(target=np.clip(score, 0, 1)),
                                               "ties": ans.assign(target=np.round(np.clip(score, 0, 1), 1)),
                                               "random": ans.assign(target=rng.random(n)),
-                                              "invalid-over-1": ans.assign(target=score + 1)}
+                                              "invalid-over-1": ans.assign(target=score + 1),
+                                              "invalid-below-0": ans.assign(target=np.clip(score, 0, 1) - 0.01)}
+# A submission whose AUC rounds up at 5 decimals: a synthetic board puts the gold threshold at its
+# rounded score, which MLE-bench's Grader (rounding first) reaches and the unrounded score does not.
+for _ in range(1000):
+    near = np.clip(t * 0.6 + rng.random(n) * 0.7, 0, 1)
+    near_gold = round(roc_auc_score(t, near), 5)
+    if near_gold > roc_auc_score(t, near):
+        subs["tabular-playground-series-may-2022"]["near-gold"] = ans.assign(target=near)
+        break
 
 # The installed definitions are found without competitionsDir; a board still a Git LFS pointer is refused.
 competitions_dir = {}
@@ -101,6 +115,8 @@ for cid in subs:
         shutil.copytree(competitions / cid, copies / cid)  # its grade.py still imports the installed mlebench
         lower = cid == "leaf-classification"
         scores = np.linspace(0.02, 4.0, 50) if lower else np.linspace(0.99, 0.5, 50)
+        if "near-gold" in subs[cid]:  # 50 teams: gold is the 5th score
+            scores = np.r_[near_gold + np.arange(4, -1, -1) * 1e-5, np.linspace(near_gold - 1e-3, 0.5, 45)]
         pd.DataFrame({"teamId": range(50), "score": scores}).to_csv(copies / cid / "leaderboard.csv", index=False)
         competitions_dir[cid] = copies
 
@@ -109,6 +125,7 @@ rows = []
 for cid, cases in subs.items():
     (task,) = load_collection(data, "mlebench", competitions_dir[cid], names=[cid])
     competition = registry.get_competition(cid)
+    board = pd.read_csv((competitions_dir[cid] or competitions) / cid / "leaderboard.csv")
     for case, frame in cases.items():
         path = data / f"{cid}-{case}.csv"
         frame.to_csv(path, index=False)
@@ -118,6 +135,8 @@ for cid, cases in subs.items():
         except Exception as exc:
             raw = f"{type(exc).__name__}"
         ours = collection_grading.grade_file(task, path)
+        ranked = competition.grader.rank_score(theirs, board)
+        their_medal = next((m for m in ("gold", "silver", "bronze") if ranked[f"{m}_medal"]), None)
         metric = canonical_metric(competition.grader.name)
         try:
             builtin = score_submission(metric, read_csv(path), read_csv(task.answers_path), task.id_column,
@@ -126,14 +145,22 @@ for cid, cases in subs.items():
             builtin = f"{type(exc).__name__}"
         rows.append({"competition": cid, "submission": case, "mlebench Grader": theirs, "mlebench grade_fn": raw,
                      "wmrl (its grade.py)": ours.score if ours.valid else "invalid", "wmrl status": ours.status.value,
-                     "wmrl built-in": builtin, "built-in name": metric, "position": ours.position, "medal": ours.medal})
+                     "wmrl built-in": builtin, "built-in name": metric, "position": ours.position,
+                     "mlebench medal": their_medal, "wmrl medal": ours.medal,
+                     "mlebench above median": ranked["above_median"], "wmrl above median": ours.above_median})
 out = pd.DataFrame(rows)
-pd.set_option("display.width", 250); pd.set_option("display.max_columns", 20)
+pd.set_option("display.width", 300); pd.set_option("display.max_columns", 20)
 print(out.to_string(index=False))
-ok = all((r["mlebench Grader"] is None) == (r["wmrl status"] != "valid") for r in rows) and all(
-    r["mlebench Grader"] is None or (isinstance(r["mlebench grade_fn"], float) and r["wmrl (its grade.py)"] == r["mlebench grade_fn"])
-    for r in rows)
-print("wmrl grade.py scores == mlebench grade_fn (exactly), validity agrees:", ok)
+valid_agrees = [(r["mlebench Grader"] is None) == (r["wmrl status"] != "valid") for r in rows]
+score_agrees = [r["mlebench Grader"] is None or r["wmrl (its grade.py)"] == r["mlebench Grader"] for r in rows]
+medal_agrees = [r["mlebench Grader"] is None or (r["wmrl medal"] == r["mlebench medal"]
+                                                 and r["wmrl above median"] == r["mlebench above median"]) for r in rows]
+builtin_agrees = [(r["mlebench Grader"] is None) == isinstance(r["wmrl built-in"], str) for r in rows]
+print(f"validity agrees on {sum(valid_agrees)}/{len(rows)} ({sum(r['mlebench Grader'] is None for r in rows)} invalid); "
+      f"wmrl score == mlebench Grader's rounded score on {sum(score_agrees)}/{len(rows)}; "
+      f"medal and above-median agree on {sum(medal_agrees)}/{len(rows)}; "
+      f"the built-in metric's validity agrees on {sum(builtin_agrees)}/{len(rows)}")
+ok = all(valid_agrees) and all(score_agrees) and all(medal_agrees) and all(builtin_agrees)
 diffs = [abs(r["wmrl built-in"] - r["mlebench grade_fn"]) for r in rows
          if isinstance(r["mlebench grade_fn"], float) and isinstance(r["wmrl built-in"], float)]
 print(f"wmrl built-in metric vs mlebench grade_fn on {len(diffs)} valid submissions: max |difference| {max(diffs):.3g}")

@@ -8,7 +8,8 @@ is then ungraded, like a sandbox failure).
 
 Position: the fraction of the leaderboard(s) beaten (:func:`wmrl.leaderboards.position`); for DSBench,
 which ships no leaderboard, its own relative score ``(score - baseline) / (GT - baseline)`` clipped to
-[0, 1]. Medal: MLE-bench's thresholds on the final leaderboard.
+[0, 1]. Medal: MLE-bench's thresholds on the final leaderboard. The score placed is the one the
+worker returns: rounded to the grader spec's ``decimals`` (an MLE-bench task's 5, as its ``Grader``).
 """
 
 from __future__ import annotations

@@ -181,7 +181,9 @@ class GraderSpec:
     ``function(submission, answers) -> float``: MLE-bench's grade.py, a task's own grade.py),
     ``mledojo`` (``file`` is MLE-Dojo's metric.py: a CompetitionMetrics subclass) or ``dsbench``
     (``file`` is DSBench's ``<name>_eval.py`` script). ``sys_path``: source roots the grader imports
-    from (the mlebench or mledojo checkout it came from).
+    from (the mlebench or mledojo checkout it came from). ``decimals``: the score is rounded to this
+    many decimals before it is placed on the leaderboard (MLE-bench's ``Grader`` rounds to 5; None:
+    unrounded, as MLE-Dojo and DSBench report it).
     """
 
     kind: str
@@ -189,10 +191,11 @@ class GraderSpec:
     file: str = ""
     function: str = "grade"
     sys_path: tuple[str, ...] = ()
+    decimals: Optional[int] = None
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "metric": self.metric, "file": self.file, "function": self.function,
-                "sys_path": list(self.sys_path)}
+                "sys_path": list(self.sys_path), "decimals": self.decimals}
 
     def describe(self) -> str:
         if self.kind == "builtin":

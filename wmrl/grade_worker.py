@@ -5,7 +5,8 @@ then reads the submission and answers with pandas (JSON lines answers as MLE-ben
 :mod:`wmrl.answers_file`) and runs the grader the job names (see
 :class:`wmrl.collection_tasks.GraderSpec`). It writes ``{"score": x}``, ``{"invalid": reason}`` (the
 submission's fault: ran_no_sub) or ``{"grader_error": reason}`` (the task's fault) to the job's
-``result`` path; anything the grader prints goes to stderr. A grader that raises on a submission
+``result`` path, rounded first when the grader spec names ``decimals`` (MLE-bench: 5); anything the
+grader prints goes to stderr. A grader that raises on a submission
 makes it invalid, as MLE-bench's ``Grader`` (a score of None) and MLE-Dojo's validation do.
 """
 
@@ -155,6 +156,9 @@ def grade_job(job: dict) -> dict:
     except subprocess.TimeoutExpired:
         return {"grader_error": "the DSBench evaluation script ran out of time"}
     try:
+        if spec.get("decimals") is not None:
+            # As MLE-bench's Grader: Python's round on the grader's own value (a numpy float rounds as numpy does).
+            value = round(value, int(spec["decimals"]))
         value = float(value)
     except (TypeError, ValueError):
         return {"grader_error": f"the grader returned {value!r}, not a number"}

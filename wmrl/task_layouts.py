@@ -45,6 +45,7 @@ FORMATS = ("auto", "wmrl", "mlebench", "mledojo", "dsbench", "normalised")
 PRIVATE_NAMES = {"test_answer.csv", "answers.csv", "private_leaderboard.csv", "public_leaderboard.csv",
                  "solution.csv", "test_labels.csv"}
 _LFS_POINTER = b"version https://git-lfs"
+MLEBENCH_DECIMALS = 5  # MLE-bench's Grader rounds each score to 5 decimals before ranking it
 
 
 # --------------------------------------------------------------------------- task lists
@@ -343,9 +344,9 @@ def _load_mlebench(root: Path, competition: str, competitions_dir: Optional[Path
     if (definitions / "grade.py").is_file():
         function = grade_fn.rsplit(":", 1)[-1] if ":" in grade_fn else "grade"
         grader = GraderSpec("python", file=str(definitions / "grade.py"), function=function,
-                            sys_path=_source_root(definitions, "mlebench"))
+                            sys_path=_source_root(definitions, "mlebench"), decimals=MLEBENCH_DECIMALS)
     elif canonical_metric(metric):
-        grader = GraderSpec("builtin", metric=canonical_metric(metric))
+        grader = GraderSpec("builtin", metric=canonical_metric(metric), decimals=MLEBENCH_DECIMALS)
     else:
         raise TaskFormatError(f"{where}: no grade.py in {definitions} and grader.name {metric!r} in {config_path} is not "
                               f"a built-in metric ({known_metric_names()})")

@@ -8,7 +8,11 @@ message becomes the ``ran_no_sub`` feedback.
 
 With several target columns, accuracy, AUC and the regression metrics are the mean over the
 columns (Kaggle's "mean column-wise" AUC / MCRMSE); log-loss treats the columns as one probability
-distribution per row. Names are matched case-insensitively with ``_`` and ``-`` alike, and the
+distribution per row. AUC of one target column takes probabilities: a score outside [0, 1] is a
+SubmissionError, as all 11 of MLE-bench's single-target AUC graders (``prepare_for_auroc_metric``)
+refuse it. The mean column-wise AUC takes any real scores, as three of MLE-bench's four
+several-column AUC graders do (jigsaw-toxic-comment-classification-challenge, plant-pathology-2020-fgvc7,
+playground-series-s3e18; ranzcr-clip-catheter-line-classification bounds each column). Names are matched case-insensitively with ``_`` and ``-`` alike, and the
 names MLE-bench's configs use (``auc-roc``, ``multi-class-log-loss``) are accepted.
 
 This module imports pandas at import time: it runs in the grading subprocess, not in the trainer.
@@ -290,10 +294,21 @@ def score_submission(metric: str, submission: pd.DataFrame, answers: pd.DataFram
         actual = [str(v).split() for v in answers[column]]
         predicted = [str(v).split() for v in aligned[column]]
         return mean_average_precision_at_k(actual, predicted, k)
+    if key == "auc" and len(targets) == 1:
+        _require_probabilities(aligned, targets[0])
     per_column: list[float] = []
     for column in targets:
         per_column.append(_score_column(key, answers[column], aligned[column], column))
     return float(np.mean(per_column))
+
+
+def _require_probabilities(aligned: pd.DataFrame, column: str) -> None:
+    """One target column's AUC scores must lie in [0, 1], as MLE-bench's ``prepare_for_auroc_metric`` requires."""
+    scores = _numeric(aligned, column, "the submission's")
+    low, high = float(scores.min()), float(scores.max())
+    if high > 1 or low < 0:
+        found = f"a maximum of {high!r}, above 1" if high > 1 else f"a minimum of {low!r}, below 0"
+        raise SubmissionError(f"AUC takes probabilities in [0, 1]: the submission's column {column!r} has {found}")
 
 
 def _score_column(key: str, truth: pd.Series, predicted: pd.Series, column: str) -> float:

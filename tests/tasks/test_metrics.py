@@ -101,6 +101,41 @@ def test_mean_column_wise_auc_and_mcrmse():
     assert tm.score_submission("mcrmse", sub, answers, "id", cols) == pytest.approx(mcrmse)
 
 
+@settings(max_examples=60, deadline=None)
+@given(SEEDS, st.lists(st.sampled_from([-1e-9, 0.0, 1.0, 1 + 1e-9, -3.5, 2.0]) | st.floats(-0.5, 1.5), min_size=2, max_size=30))
+def test_single_target_auc_takes_probabilities_as_mlebench_does(seed, scores):
+    # MLE-bench's prepare_for_auroc_metric refuses a column whose min < 0 or max > 1 (0 and 1 themselves pass).
+    rng = _rng(seed)
+    n = len(scores)
+    y = rng.integers(0, 2, size=n)
+    y[0], y[1] = 0, 1
+    answers = pd.DataFrame({"id": range(n), "target": y})
+    sub = pd.DataFrame({"id": range(n), "target": scores})
+    low, high = min(scores), max(scores)
+    if low < 0 or high > 1:
+        bound = f"a maximum of {high!r}, above 1" if high > 1 else f"a minimum of {low!r}, below 0"
+        with pytest.raises(tm.SubmissionError) as refused:
+            tm.score_submission("auc", sub, answers, "id", ["target"])
+        assert str(refused.value) == f"AUC takes probabilities in [0, 1]: the submission's column 'target' has {bound}"
+    else:
+        got = tm.score_submission("auc-roc", sub, answers, "id", ["target"])
+        assert got == pytest.approx(skm.roc_auc_score(y, scores))
+
+
+def test_mean_column_wise_auc_takes_any_scores_as_mlebench_does():
+    # MLE-bench's several-column AUC graders (jigsaw-toxic, plant-pathology-2020, playground-series-s3e18)
+    # pass the scores to roc_auc_score unchecked: a rank statistic, unchanged by any increasing map.
+    rng = _rng(1)
+    y = rng.integers(0, 2, size=(40, 2))
+    y[0], y[1] = 0, 1
+    p = rng.uniform(size=(40, 2))
+    cols = ["EC1", "EC2"]
+    answers = pd.DataFrame(y, columns=cols).assign(id=range(40))
+    logits = pd.DataFrame(np.log(p / (1 - p)) * 3 + 2, columns=cols).assign(id=range(40))
+    expected = np.mean([skm.roc_auc_score(y[:, j], p[:, j]) for j in range(2)])
+    assert tm.score_submission("mean-column-wise-auc", logits, answers, "id", cols) == pytest.approx(expected)
+
+
 def test_log_loss_against_a_label_column():
     answers = _frame([1, 2, 3], species=["Acer", "Salix", "Acer"])
     sub = _frame([3, 2, 1], Acer=[0.7, 0.2, 0.6], Salix=[0.3, 0.8, 0.4])
