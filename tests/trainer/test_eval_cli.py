@@ -199,6 +199,10 @@ class _DownAfterFirst:
             self.server.close()
         return future
 
+    def failing_fast(self, grace):  # as the evaluator asks of the real one
+        self.dispatcher = self.dispatcher.failing_fast(grace)
+        return self
+
     def close(self):
         self.dispatcher.close()
 
