@@ -73,7 +73,7 @@ class BoundedGrader:
         self.on_graded = on_graded  # called with a number of items as their executions finish (progress bars)
 
     def _submit(self, task: Task, code: str, slots: threading.Semaphore) -> cf.Future:
-        slots.acquire()
+        """Submit one execution that holds a slot of ``slots`` (released when it is done)."""
         try:
             future = self.dispatcher.run_task(task, code)
         except Exception as exc:  # a closed dispatcher raises at submission
@@ -92,9 +92,17 @@ class BoundedGrader:
         copies = {key: sum(1 for t, code in items if (t.name, code) == key) for key in todo}
         slots = threading.Semaphore(self.limit)
         futures: dict[tuple[str, str], cf.Future] = {}
+
+        def partial() -> bool:
+            return bool(self.failures) or any(f.done() and _failure(k, f) for k, f in futures.items())
+
         for key, task in todo.items():
-            if self.failures or any(f.done() and _failure(k, f) for k, f in futures.items()):
+            if partial():
                 break  # partial already: do not load the pool with executions that cannot make it whole
+            slots.acquire()
+            if partial():  # an execution failed while this one waited for a slot
+                slots.release()
+                break
             futures[key] = self._submit(task, key[1], slots)
             if self.on_graded is not None:
                 futures[key].add_done_callback(lambda _, n=copies[key]: self.on_graded(n))
