@@ -15,7 +15,13 @@
   the pod) before its ``run_timeout`` starts, so its HTTP timeout is the sum of both plus a margin;
 * ``run``/``run_task`` return futures; the queue is bounded (submitting blocks while it is
   full: backpressure); ``demand`` = queued + in flight, which the trainer reports to the
-  operator's autoscaler.
+  operator's autoscaler;
+* a dead pool: per execution (``dead_pool_grace=``, or the view :meth:`SandboxDispatcher.failing_fast`),
+  it fails at once with :class:`SandboxUnavailable` naming the endpoints once every known endpoint has
+  failed consecutively and none has answered for ``dead_pool_grace`` seconds, instead of spending its
+  retries on pods that a growing backoff (up to 30 s a pod) keeps it waiting for. Off by default:
+  training's anchors keep the retry budget (a pool that recovers in a minute still grades them); a
+  held-out evaluation (:mod:`wmrl_trainer.evaluation`) turns it on, as a dead pool makes it partial anyway.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ import httpx
 log = logging.getLogger("wmrl.sandbox.dispatcher")
 
 HTTP_MARGIN_S = 30.0  # added to run_timeout for one HTTP attempt (setup, file transfer, cleanup)
+DEAD_POOL_GRACE_S = 5.0
+"""How long every endpoint of a pool must have been failing, none answering, before an execution that
+asked to fail fast (a held-out evaluation's) gives up: long enough to ride out a blip, short enough
+that a dead pool makes an evaluation partial in seconds rather than minutes."""
 SERVER_QUEUE_WAIT_S = 60.0
 """The longest a server holds a request in its queue before it runs or answers busy (the server's
 default ``--max-queue-wait``). Other clients of the same pod can fill its slots, so one attempt may
@@ -147,6 +157,7 @@ class _Job:
     failed_on: set[str] = field(default_factory=set)
     failures: int = 0
     busy_since: Optional[float] = None
+    dead_pool_grace: Optional[float] = None  # fail at once when the whole pool has been down this long
 
 
 @dataclass
@@ -154,6 +165,8 @@ class _Endpoint:
     inflight: int = 0
     cooldown_until: float = 0.0
     failures: int = 0  # consecutive; a failing pod is avoided for exponentially longer
+    failing_since: Optional[float] = None  # when its current run of failures began (None: it last answered)
+    last_error: str = ""
 
 
 class SandboxDispatcher:
@@ -202,9 +215,16 @@ class SandboxDispatcher:
 
     def run(self, code: str, files: Optional[dict[str, bytes]] = None, fetch_files: Optional[list[str]] = None,
             run_timeout: Optional[float] = None, *, stdin: Optional[str] = None,
-            memory_limit_mb: Optional[int] = None) -> cf.Future:
-        """Execute ``code``; the future's result is the SandboxFusion response dict (files base64)."""
-        return self._submit(self._body(code, files, fetch_files, run_timeout, stdin, memory_limit_mb), run_timeout)
+            memory_limit_mb: Optional[int] = None, dead_pool_grace: Optional[float] = None) -> cf.Future:
+        """Execute ``code``; the future's result is the SandboxFusion response dict (files base64).
+
+        ``dead_pool_grace``: fail fast once every endpoint has been failing that long (module docstring)."""
+        return self._submit(self._body(code, files, fetch_files, run_timeout, stdin, memory_limit_mb), run_timeout,
+                            dead_pool_grace=dead_pool_grace)
+
+    def failing_fast(self, dead_pool_grace: float = DEAD_POOL_GRACE_S) -> "FailingFast":
+        """This dispatcher (same pool, queue and slots), its executions given ``dead_pool_grace``."""
+        return FailingFast(self, dead_pool_grace)
 
     def data_dir(self, task) -> Optional[str]:
         """``task``'s public directory relative to the tasks volume, when the servers mount that volume
@@ -217,7 +237,8 @@ class SandboxDispatcher:
             return None
         return os.path.relpath(real, self.tasks_dir)
 
-    def run_task(self, task, code: str, run_timeout: Optional[float] = None) -> cf.Future:
+    def run_task(self, task, code: str, run_timeout: Optional[float] = None, *,
+                 dead_pool_grace: Optional[float] = None) -> cf.Future:
         """Run a solution of ``task`` (its data under ``data/``: mounted from the tasks volume when the
         servers have it, see :meth:`data_dir`, else uploaded), fetch its submission, grade it -> Outcome."""
         from wmrl.grading import grade  # lazy: it imports numpy, which running code alone never needs
@@ -233,7 +254,7 @@ class SandboxDispatcher:
         body = self._body(code, files, [task.submission], run_timeout, None, None)
         if data_dir:
             body["data_dir"] = data_dir
-        return self._submit(body, run_timeout, post)
+        return self._submit(body, run_timeout, post, dead_pool_grace=dead_pool_grace)
 
     def close(self) -> None:
         with self._cond:
@@ -274,8 +295,12 @@ class SandboxDispatcher:
             body["memory_limit_MB"] = memory
         return body
 
-    def _submit(self, body: dict, run_timeout: Optional[float], post=None) -> cf.Future:
-        job = _Job(body=body, run_timeout=run_timeout or self.timeout, future=cf.Future(), post=post)
+    def _submit(self, body: dict, run_timeout: Optional[float], post=None, *,
+                dead_pool_grace: Optional[float] = None) -> cf.Future:
+        if dead_pool_grace is not None and dead_pool_grace < 0:
+            raise ValueError(f"dead_pool_grace must be >= 0, got {dead_pool_grace}")
+        job = _Job(body=body, run_timeout=run_timeout or self.timeout, future=cf.Future(), post=post,
+                   dead_pool_grace=dead_pool_grace)
         with self._cond:
             while len(self._queue) >= self._max_queue and not self._closed:
                 self._cond.wait()  # backpressure: the caller waits for room
@@ -318,17 +343,40 @@ class SandboxDispatcher:
                 return url
             if not urls and now - waited_since > self.no_endpoint_wait:
                 raise SandboxUnavailable(f"no ready sandbox endpoints for {self.no_endpoint_wait:.0f}s")
+            if job.dead_pool_grace is not None:
+                dead = self._dead_pool(urls, now, job.dead_pool_grace)
+                if dead:
+                    raise SandboxUnavailable(dead)
             self._cond.wait(timeout=0.1)
         return None
 
-    def _release(self, url: str, cooldown: float = 0.0, failed: bool = False) -> None:
+    def _dead_pool(self, urls: list[str], now: float, grace: float) -> Optional[str]:
+        """Why the pool is dead -- every endpoint failing, none with an attempt under way, the last of
+        them failing for ``grace`` seconds -- naming the endpoints; None while any may still answer."""
+        states = [self._state[u] for u in urls]
+        if not states or any(s.failing_since is None or s.inflight for s in states):
+            return None
+        if now - max(s.failing_since for s in states) < grace:
+            return None
+        named = ", ".join(f"{u} ({self._state[u].failures} failures; last: {self._state[u].last_error})"
+                          for u in urls[:3])
+        more = f" and {len(urls) - 3} more" if len(urls) > 3 else ""
+        return (f"every sandbox endpoint is down: {len(urls)} failing, none answered for {grace:g}s: "
+                f"{named}{more}")
+
+    def _release(self, url: str, cooldown: float = 0.0, failed: bool = False, reason: str = "") -> None:
         with self._cond:
             self._inflight -= 1
             state = self._state.get(url)
             if state is not None:
                 state.inflight -= 1
                 state.failures = state.failures + 1 if failed else 0
+                if not failed:  # it answered (a result, or busy): alive
+                    state.failing_since = None
+                elif state.failing_since is None:
+                    state.failing_since = time.monotonic()
                 if failed:
+                    state.last_error = reason
                     cooldown = max(cooldown, min(self.backoff * 2 ** (state.failures - 1), 30.0))
                 if cooldown:
                     state.cooldown_until = max(state.cooldown_until, time.monotonic() + cooldown)
@@ -371,7 +419,7 @@ class SandboxDispatcher:
                 if failed:
                     job.failures += 1
                     job.failed_on.add(url)
-                self._release(url, cooldown, failed)
+                self._release(url, cooldown, failed, retry_reason or "")
             if body is not None:  # graded after the slot is free again
                 return job.post(body) if job.post else body
             if retry_reason == "busy":
@@ -403,3 +451,22 @@ class SandboxDispatcher:
         if body.get("status") == "SandboxError":
             return None, f"SandboxError: {str(body.get('message'))[:200]}", 0.0
         return body, None, 0.0
+
+
+class FailingFast:
+    """A :class:`SandboxDispatcher` whose executions fail fast on a dead pool (``dead_pool_grace``,
+    module docstring); everything else is the dispatcher's own (:meth:`SandboxDispatcher.failing_fast`)."""
+
+    def __init__(self, dispatcher: SandboxDispatcher, dead_pool_grace: float = DEAD_POOL_GRACE_S):
+        if dead_pool_grace < 0:
+            raise ValueError(f"dead_pool_grace must be >= 0, got {dead_pool_grace}")
+        self.dispatcher, self.dead_pool_grace = dispatcher, dead_pool_grace
+
+    def run(self, code: str, *args: Any, **kwargs: Any) -> cf.Future:
+        return self.dispatcher.run(code, *args, **{"dead_pool_grace": self.dead_pool_grace, **kwargs})
+
+    def run_task(self, task, code: str, run_timeout: Optional[float] = None) -> cf.Future:
+        return self.dispatcher.run_task(task, code, run_timeout, dead_pool_grace=self.dead_pool_grace)
+
+    def __getattr__(self, name: str) -> Any:  # demand, data_dir, close, ...: the dispatcher's
+        return getattr(self.dispatcher, name)

@@ -1,5 +1,6 @@
 """SandboxDispatcher against real local servers (and EndpointSlice discovery on the real apiserver)."""
 
+import socket
 import subprocess
 import threading
 import time
@@ -98,6 +99,46 @@ def test_all_pods_dead_fails_after_retries():
     with SandboxDispatcher(StaticEndpoints([url]), timeout=5, max_retries=2, backoff=0.01) as d:
         with pytest.raises(SandboxUnavailable, match="3 attempts"):
             d.run("print(1)").result(timeout=60)
+
+
+def _closed_url() -> str:
+    """A loopback URL nothing listens on (connections to it are refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _failed_attempts(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "wmrl.sandbox.dispatcher" and "failed (ConnectError" in r.getMessage()]
+
+
+def test_a_dead_pool_fails_fast_naming_its_endpoints(caplog):
+    """Every endpoint refusing: an execution given a dead-pool grace gives up once none has answered
+    for that long, naming them, with most of its retry budget unspent (spending it would take
+    minutes: each pod's backoff doubles up to 30 s)."""
+    urls = [_closed_url(), _closed_url()]
+    with SandboxDispatcher(StaticEndpoints(urls), timeout=5, max_retries=50, backoff=0.05) as d:
+        with pytest.raises(SandboxUnavailable) as err:
+            d.failing_fast(0.5).run("print(1)").result(timeout=120)
+    message = str(err.value)
+    assert message.startswith("every sandbox endpoint is down: 2 failing, none answered for 0.5s: "), message
+    assert all(url in message for url in urls) and "ConnectError" in message
+    attempts = _failed_attempts(caplog)
+    assert {url for url in urls if any(url in a for a in attempts)} == set(urls)  # each was tried
+    assert len(attempts) <= 20  # not the 51 of the retry budget
+
+
+def test_a_pool_with_one_live_pod_is_not_dead(two_servers, caplog):
+    """A pod that refuses is retried on the one that answers, however short the grace: the pool is
+    dead only when every endpoint fails."""
+    a, _ = two_servers
+    dead = _closed_url()
+    with SandboxDispatcher(StaticEndpoints([dead, a.url]), timeout=20, backoff=0.05) as d:
+        fast = d.failing_fast(0.0)
+        results = [f.result(timeout=60) for f in [fast.run("print(1)") for _ in range(4)]]
+    assert all(r["status"] == "Success" for r in results)
+    assert any(dead in a for a in _failed_attempts(caplog))  # the dead one was tried, and skipped
 
 
 def test_request_errors_are_not_retried(two_servers):

@@ -199,6 +199,10 @@ class _DownAfterFirst:
             self.server.close()
         return future
 
+    def failing_fast(self, grace):  # as the evaluator asks of the real one
+        self.dispatcher = self.dispatcher.failing_fast(grace)
+        return self
+
     def close(self):
         self.dispatcher.close()
 
@@ -233,8 +237,9 @@ def test_a_sandbox_that_goes_down_midway_makes_a_partial_report_with_the_reason(
 @pytest.mark.slow
 def test_no_sandbox_at_all_exits_1_with_a_partial_report(tmp_path, capsys, monkeypatch):
     """The mode-eval Job's command line, its sandbox pool unreachable (a closed port). The run's
-    dispatcher retries each execution 3 times, cooling a failing pod down longer each time (minutes
-    before a dead pool's executions give up); this one gives up at the first refusal."""
+    dispatcher retries each execution 3 times, cooling a failing pod down longer each time, and the
+    evaluation's executions give up once the whole pool has failed for 5 s; this one gives up at
+    the first refusal."""
     from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
     from wmrl_trainer import build
 

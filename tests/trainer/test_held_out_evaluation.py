@@ -217,6 +217,23 @@ def test_the_grader_keeps_at_most_max_concurrent_executions_in_flight():
     assert not grader.failures
 
 
+def test_a_dead_pool_makes_the_grader_partial_naming_the_endpoint_with_retries_to_spare():
+    """Through the real dispatcher, its only endpoint refusing: each execution gives up once the pool
+    has been down for the grace, not after its retry budget (50 here: minutes of backoff), and says so."""
+    from wmrl_sandbox.dispatcher import SandboxDispatcher, StaticEndpoints
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with SandboxDispatcher(StaticEndpoints([url]), timeout=5, max_retries=50, backoff=0.05) as dispatcher:
+        grader = BoundedGrader(dispatcher, limit=2, dead_pool_grace=0.5)
+        outcomes = grader([(_task(), f"code {i}") for i in range(6)])
+    assert outcomes == [None] * 6
+    assert grader.executed == 2  # the two in flight: none submitted once one of them had failed
+    assert len(grader.failures) == 2
+    for failure in grader.failures:
+        assert "SandboxUnavailable: every sandbox endpoint is down: 1 failing" in failure, failure
+        assert url in failure and "ConnectError" in failure
+
+
 # ---------------------------------------------------------------- schema
 
 @pytest.mark.parametrize("field, value, path", [

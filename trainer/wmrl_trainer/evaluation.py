@@ -16,7 +16,10 @@ by ``wmrl run`` (:mod:`wmrl_trainer.local`):
 
 An evaluation in which an execution failed on the sandbox side (pod down, connection
 refused, dispatcher closed) or sampling raised is *partial*: ``complete`` false, ``reward``
-None and ``partial`` saying why. It stops submitting executions at the first failure. A
+None and ``partial`` saying why. It stops submitting executions at the first failure, and
+its executions fail fast on a dead pool (every sandbox endpoint failing, none answering for
+``dead_pool_grace`` seconds: :meth:`wmrl_sandbox.dispatcher.SandboxDispatcher.failing_fast`),
+so a pool that went down makes it partial in seconds, not after minutes of backoff. A
 partial evaluation is never a number: the trainer keeps ``heldOutReward`` at the last
 complete one. Sampling forks torch's RNG streams with a fixed seed (common random numbers
 across evaluations), so evaluating never changes what training draws.
@@ -39,6 +42,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from wmrl.outcome import Outcome
 from wmrl.task_category import category_of
 from wmrl.tasks import Task
+from wmrl_sandbox.dispatcher import DEAD_POOL_GRACE_S
 from wmrl_trainer.distributed import World
 from wmrl_trainer.eval_figures import aggregate, task_figures
 from wmrl_trainer.sampling import prompt_ids, sample_rows, sample_solutions, sample_trajectories
@@ -55,13 +59,19 @@ class BoundedGrader:
     Identical (task, script) items are executed once (within a call, and across calls when a
     ``cache`` dict is given). ``failures`` collects why executions failed; after the first
     failure nothing more is submitted (the evaluation is partial anyway) and the remaining
-    items are ungraded (None).
+    items are ungraded (None). ``dead_pool_grace``: through a dispatcher that offers
+    ``failing_fast`` (the sandbox dispatcher), executions fail once every endpoint has been
+    failing that long (None: the dispatcher's whole retry budget).
     """
 
     def __init__(self, dispatcher: Any, limit: int, cache: Optional[dict] = None,
-                 on_graded: Optional[Callable[[int], None]] = None):
+                 on_graded: Optional[Callable[[int], None]] = None,
+                 dead_pool_grace: Optional[float] = DEAD_POOL_GRACE_S):
         if limit < 1:
             raise ValueError(f"max_concurrent must be >= 1, got {limit}")
+        failing_fast = getattr(dispatcher, "failing_fast", None)
+        if dead_pool_grace is not None and failing_fast is not None:
+            dispatcher = failing_fast(dead_pool_grace)
         self.dispatcher, self.limit = dispatcher, limit
         self.cache: dict[tuple[str, str], Outcome] = cache if cache is not None else {}
         self.keep = cache is not None
@@ -70,7 +80,7 @@ class BoundedGrader:
         self.on_graded = on_graded  # called with a number of items as their executions finish (progress bars)
 
     def _submit(self, task: Task, code: str, slots: threading.Semaphore) -> cf.Future:
-        slots.acquire()
+        """Submit one execution that holds a slot of ``slots`` (released when it is done)."""
         try:
             future = self.dispatcher.run_task(task, code)
         except Exception as exc:  # a closed dispatcher raises at submission
@@ -89,9 +99,17 @@ class BoundedGrader:
         copies = {key: sum(1 for t, code in items if (t.name, code) == key) for key in todo}
         slots = threading.Semaphore(self.limit)
         futures: dict[tuple[str, str], cf.Future] = {}
+
+        def partial() -> bool:
+            return bool(self.failures) or any(f.done() and _failure(k, f) for k, f in futures.items())
+
         for key, task in todo.items():
-            if self.failures or any(f.done() and _failure(k, f) for k, f in futures.items()):
+            if partial():
                 break  # partial already: do not load the pool with executions that cannot make it whole
+            slots.acquire()
+            if partial():  # an execution failed while this one waited for a slot
+                slots.release()
+                break
             futures[key] = self._submit(task, key[1], slots)
             if self.on_graded is not None:
                 futures[key].add_done_callback(lambda _, n=copies[key]: self.on_graded(n))
@@ -210,18 +228,18 @@ class HeldOutEvaluator:
 
     ``cache`` (optional): a dict (task name, script) -> real Outcome kept across evaluations
     (and runs): a deterministic policy's identical scripts are then executed once. Without it
-    every evaluation executes what it samples.
+    every evaluation executes what it samples. ``dead_pool_grace``: see :class:`BoundedGrader`.
     """
 
     def __init__(self, tasks: Sequence[Task], dispatcher: Any, samples_per_task: int, seed: int, *,
                  max_turns: int = 1, max_tokens: Optional[int] = None, max_concurrent: int = 16,
-                 cache: Optional[dict] = None):
+                 cache: Optional[dict] = None, dead_pool_grace: Optional[float] = DEAD_POOL_GRACE_S):
         if samples_per_task < 1:
             raise ValueError(f"samples per task must be >= 1, got {samples_per_task}")
         self.tasks, self.dispatcher = list(tasks), dispatcher
         self.samples, self.seed = samples_per_task, seed
         self.max_turns, self.max_tokens, self.max_concurrent = max_turns, max_tokens, max_concurrent
-        self.cache = cache
+        self.cache, self.dead_pool_grace = cache, dead_pool_grace
         self.categories = {task.name: category_of(task) for task in self.tasks}  # once: it may read the data
 
     def evaluate(self, model: Any, tokenizer: Any, sampling: Any,
@@ -236,7 +254,7 @@ class HeldOutEvaluator:
         if world is not None and world.size > 1:
             return self._evaluate_split(model, tokenizer, sampling, world, synced, on_graded)
         started = time.perf_counter()
-        grader = BoundedGrader(self.dispatcher, self.max_concurrent, self.cache, on_graded)
+        grader = BoundedGrader(self.dispatcher, self.max_concurrent, self.cache, on_graded, self.dead_pool_grace)
         trajectories: list[Trajectory] = []
         try:
             if self.max_turns > 1:
@@ -255,7 +273,8 @@ class HeldOutEvaluator:
     def _evaluate_split(self, model: Any, tokenizer: Any, sampling: Any, world: World, synced: bool,
                         on_graded: Optional[Callable[[int], None]]) -> Optional[dict[str, Any]]:
         started = time.perf_counter()
-        grader = BoundedGrader(self.dispatcher, self.max_concurrent, self.cache, on_graded) if world.is_main else None
+        grader = (BoundedGrader(self.dispatcher, self.max_concurrent, self.cache, on_graded, self.dead_pool_grace)
+                  if world.is_main else None)
         rows = [task for task in self.tasks for _ in range(self.samples)]
         mine = list(range(world.rank, len(rows), world.size))
         sampled = sample_rows(model, tokenizer, [rows[i] for i in mine], sampling, self.max_turns,
