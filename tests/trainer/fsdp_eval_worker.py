@@ -32,9 +32,9 @@ class RecordingDispatcher(SandboxDispatcher):
         super().__init__(*args, **kwargs)
         self.executed: list[tuple[str, str]] = []
 
-    def run_task(self, task, code):
+    def run_task(self, task, code, *args, **options):
         self.executed.append((task.name, code))
-        return super().run_task(task, code)
+        return super().run_task(task, code, *args, **options)
 
 
 def main() -> None:
