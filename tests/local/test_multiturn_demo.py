@@ -61,7 +61,8 @@ def test_sample_trajectories_shows_each_turn_its_real_feedback(tmp_path, monkeyp
     tasks = [synthetic_task(random.Random(k)) for k in range(3)]
     inputs = []
     generate = sampling._generate_batch
-    monkeypatch.setattr(sampling, "_generate_batch", lambda m, t, batch, s: inputs.append(batch) or generate(m, t, batch, s))
+    monkeypatch.setattr(sampling, "_generate_batch",
+                        lambda m, t, batch, s, **kw: inputs.append(batch) or generate(m, t, batch, s, **kw))
     graded = []
 
     def grade(items):  # every first script "crashes", every later one is the top outcome
