@@ -136,9 +136,17 @@ class WMRLTrainer:
         state = self.grpo.state
         now = time.perf_counter()
         if scored is not None:  # progress comes from rank 0 only; its failure stops every rank
-            spent = training_compute(self.reporter.totals, scored.record, now - self._step_started, self._gpus())
-            evaluation = self._evaluate_if_due(state.global_step, state.max_steps, spent)  # every rank takes part
-            self.world.share(lambda: self._report(scored.record, now, evaluation))
+            sampled = self._sample_held_out_if_due(state.global_step, state.max_steps)  # every rank takes part
+
+            def report() -> None:
+                evaluation = None
+                if sampled is not None:
+                    spent = training_compute(self.reporter.totals, scored.record, now - self._step_started,
+                                             self._gpus())
+                    evaluation = self._record_held_out(state.global_step, sampled, spent)
+                self._report(scored.record, now, evaluation)
+
+            self.world.share(report)
         stopping = self.world.any(self.stop_requested.is_set())  # every rank stops at the same step
         if stopping or state.global_step % self.interval == 0 or state.global_step >= state.max_steps:
             self.save_checkpoint()
@@ -231,8 +239,8 @@ class WMRLTrainer:
         interval = self.config.spec.evaluation.interval_steps
         return step >= max_steps or (interval > 0 and step % interval == 0)
 
-    def _evaluate_if_due(self, step: int, max_steps: int,
-                         compute: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+    def _sample_held_out_if_due(self, step: int, max_steps: int) -> Optional[dict[str, Any]]:
+        """The held-out evaluation's figures when one is due (rank 0; collective under several processes)."""
         if not self.evaluation_due(step, max_steps):
             return None
         if self.world.size > 1:  # every process samples, so all must know that rank 0 evaluates
@@ -242,7 +250,7 @@ class WMRLTrainer:
                 return None
         elif self.evaluator is None:
             return None
-        return self.evaluate_held_out(step, compute)
+        return self._sample_held_out()
 
     def _gpus(self) -> int:
         """GPUs the run trains on: one per process on CUDA, none on CPU."""
@@ -255,15 +263,22 @@ class WMRLTrainer:
 
         ``compute``: what training has spent up to this step (:func:`training_compute`), kept in the
         report so that held-out curves can be drawn over compute (``wmrl report --eval-dir``)."""
+        point = self._sample_held_out()
+        return self._record_held_out(step, point, compute) if point is not None else None
+
+    def _sample_held_out(self) -> Optional[dict[str, Any]]:
+        """Sample and execute (:meth:`HeldOutEvaluator.evaluate`): rank 0's figures, None on the other ranks."""
         if self.evaluator is None:
             raise RuntimeError("no held-out evaluator (spec.tasks.heldOut empty, or no sandboxes to execute on)")
         ev = self.config.spec.evaluation
         model = self.grpo.accelerator.unwrap_model(self.grpo.model)  # FSDP2 shards in place: still collective
         sampling = self.config.spec.policy.sampling.model_copy(update={"temperature": ev.temperature})
-        point = self.evaluator.evaluate(model, self.grpo.processing_class, sampling, world=self.world,
-                                        synced=bool(getattr(self.grpo, "is_fsdp_enabled", False)))
-        if point is None:  # not rank 0: its share is in rank 0's report
-            return None
+        return self.evaluator.evaluate(model, self.grpo.processing_class, sampling, world=self.world,
+                                       synced=bool(getattr(self.grpo, "is_fsdp_enabled", False)))
+
+    def _record_held_out(self, step: int, point: dict[str, Any], compute: Optional[dict[str, Any]]) -> dict[str, Any]:
+        """Complete ``point`` (rank 0), write its report and hand it to the reporter; returns it."""
+        ev = self.config.spec.evaluation
         point.update(step=step, samples_per_task=ev.samples, temperature=ev.temperature,
                      max_turns=self.config.spec.algorithm.max_turns)
         if compute is not None:
