@@ -281,12 +281,14 @@ class HeldOutEvaluator:
                               SharedGrader(world, grader, self.tasks), seed=self.seed + world.rank,
                               max_tokens=self.max_tokens, world=world, synced=synced,
                               stand_in=prompt_ids(self.tasks[0], tokenizer))
-        gathered = world.gather([(world.rank, i, t.turns, t.stop) for i, t in zip(mine, sampled)])
+        gathered = world.gather([(i, t.turns, t.stop) for i, t in zip(mine, sampled)])
         if not world.is_main:
             return None
         trajectories = [Trajectory(rows[i], anchor=True, turns=turns, stop=stop)
-                        for _, i, turns, stop in sorted(gathered, key=lambda found: found[1])]
+                        for i, turns, stop in sorted(gathered, key=lambda found: found[0])]
         point = summarize(self.tasks, trajectories, failures=grader.failures, executed=grader.executed,
                           seconds=time.perf_counter() - started, max_turns=self.max_turns, categories=self.categories)
-        point["sampled_by_rank"] = [sum(1 for found in gathered if found[0] == rank) for rank in range(world.size)]
+        # Row i was dealt to rank i % size.
+        point["sampled_by_rank"] = [sum(1 for found in gathered if found[0] % world.size == rank)
+                                    for rank in range(world.size)]
         return point

@@ -199,7 +199,7 @@ def sample_rows(model: Any, tokenizer: Any, rows: Sequence[Task], sampling: Any,
     model). A process whose trajectories have all ended generates from ``stand_in`` (token ids) in
     their place and throws the result away.
     """
-    prompts = {task.name: prompt_ids(task, tokenizer) for task in rows}
+    prompts = {name: prompt_ids(task, tokenizer) for name, task in {t.name: t for t in rows}.items()}
     trajectories = [Trajectory(task, anchor=True) for task in rows]
     history: list[list[int]] = [[] for _ in rows]
     budget = max_tokens or default_trajectory_tokens(max_turns, sampling.max_new_tokens)
