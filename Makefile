@@ -26,7 +26,7 @@ TRAINER_IMAGE ?= $(REGISTRY)/trainer:$(VERSION)
 SANDBOX_IMAGE ?= $(REGISTRY)/sandbox:$(VERSION)
 DOCKER ?= docker
 
-.PHONY: help venv cluster vllm test-images test-deps test quickstart generate crds lint images kind-e2e
+.PHONY: help venv cluster vllm test-images test-deps test-builds test quickstart generate crds lint images kind-e2e
 
 help:
 	@sed -n 's/^#   make /make /p' Makefile
@@ -62,12 +62,20 @@ test-images:
 test-deps:
 	@$(MAKE) --no-print-directory -j4 venv cluster vllm test-images
 
+# `make test` builds the same in the background instead (tests/build_deps.py: nice 10, logs in
+# $(TEST_BUILDS_DIR)) while the tests that need none run; the rest run last, each group once its
+# build is done. A failed build fails make test and the tests that needed it.
+TEST_BUILDS_DIR ?= .test-deps
+test-builds:
+	@$(PYTHON) tests/build_deps.py start $(TEST_BUILDS_DIR)
+
 # The session fixtures start and stop the control plane (tests/conftest.py) and vLLM
 # (tests/vllm_cpu/conftest.py).
-# pytest's exit status is make's; exit 5 (no tests collected) counts as failure.
-test: test-deps
-	@rc=0; $(PY) -m pytest -q $(PYTEST_ARGS) tests || rc=$$?; \
+# pytest's exit status is make's (1 if a background build failed); exit 5 (no tests) counts as failure.
+test: test-builds venv
+	@rc=0; WMRL_TEST_BUILDS=$(TEST_BUILDS_DIR) $(PY) -m pytest -q $(PYTEST_ARGS) tests || rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then echo "make test: pytest collected no tests"; rc=1; fi; \
+	$(PYTHON) tests/build_deps.py finish $(TEST_BUILDS_DIR) || { [[ $$rc -ne 0 ]] || rc=1; }; \
 	if [[ $$rc -eq 0 ]]; then echo "make test: PASSED"; else echo "make test: FAILED (exit $$rc)"; fi; \
 	exit $$rc
 

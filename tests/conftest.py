@@ -1,6 +1,7 @@
 import importlib.util
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,54 @@ if "wmrl_cluster" not in sys.modules:
     sys.modules["wmrl_cluster"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules["wmrl_cluster"])
 wmrl_cluster = sys.modules["wmrl_cluster"]
+
+# tests/build_deps.py (stdlib only): `make test` builds the cluster, vLLM and images in the background.
+if "wmrl_build_deps" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("wmrl_build_deps", Path(__file__).resolve().parent / "build_deps.py")
+    sys.modules["wmrl_build_deps"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["wmrl_build_deps"])
+build_deps = sys.modules["wmrl_build_deps"]
+
+_GATES = pytest.StashKey[frozenset]()
+_WAITED: dict = {}  # build name -> (seconds waited, its Result)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that need no background build first, then by the build they need (build_deps.GATE_ORDER);
+    otherwise in their usual order."""
+    for item in items:
+        item.stash[_GATES] = build_deps.gates(item.fixturenames, (m.name for m in item.iter_markers()))
+    items.sort(key=lambda item: build_deps.run_rank(item.stash[_GATES]))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item):
+    """Under `make test` (WMRL_TEST_BUILDS), wait for the builds this test needs before it starts:
+    outermost, so that the wait is not charged to the test's timeout."""
+    directory = os.environ.get(build_deps.ENV_DIR)
+    for name in sorted(item.stash.get(_GATES, ())) if directory else ():
+        if name in _WAITED:
+            continue
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and build_deps.is_running(Path(directory), name):
+            reporter.write_line(f"waiting for the background {name} build (log {Path(directory) / name}.log)")
+        t0 = time.monotonic()
+        result = build_deps.wait(Path(directory), name)
+        _WAITED[name] = (time.monotonic() - t0, result)
+    return (yield)
+
+
+def pytest_runtest_setup(item):
+    for name in sorted(item.stash.get(_GATES, ())):
+        result = _WAITED.get(name, (0, None))[1]
+        if result is not None and not result.ok:
+            pytest.fail(f"needs the background build {result.describe()}", pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for name, (waited, result) in _WAITED.items():
+        if result is not None:
+            terminalreporter.write_line(f"background build {result.describe()}; the tests waited {waited:.0f} s for it")
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ package cannot be had: the deployed mode is never silently left untested.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -22,6 +24,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("WMRL_CACHE") or Path.home() / ".cache" / "wmrl") / "bubblewrap" / VERSION
 
 
+@contextlib.contextmanager
+def _apt_lock():
+    """The lock the background builds take around apt-get (`make test` runs them beside the tests), so
+    that a download never reads package lists an `apt-get update` is rewriting; none if it cannot be opened."""
+    try:
+        lock = open(os.environ.get("WMRL_APT_LOCK", "/var/lock/wmrl-apt.lock"), "a")
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure() -> str:
     """Path of the cached bwrap (unpacked on first use)."""
     target = cache_dir() / "usr" / "bin" / "bwrap"
@@ -33,7 +49,9 @@ def ensure() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         # apt drops to its own user for downloads; a world-writable directory lets it write there.
         os.chmod(tmp, 0o777)
-        run = subprocess.run(["apt-get", "download", f"bubblewrap={VERSION}"], cwd=tmp, capture_output=True, text=True)
+        with _apt_lock():
+            run = subprocess.run(["apt-get", "download", f"bubblewrap={VERSION}"], cwd=tmp, capture_output=True,
+                                 text=True)
         debs = list(Path(tmp).glob("bubblewrap_*.deb"))
         if not debs:
             raise RuntimeError(f"apt-get download bubblewrap={VERSION} failed:\n{run.stdout}{run.stderr}")
