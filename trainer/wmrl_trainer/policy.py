@@ -84,14 +84,16 @@ def build_tiny_tokenizer(vocab_size: int = 384) -> Any:
     return fast
 
 
-def build_tiny_model(tokenizer: Any, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4) -> Any:
-    """A randomly initialised Qwen2-architecture causal LM sized for CPU tests (deterministic in ``seed``)."""
+def build_tiny_model(tokenizer: Any, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4,
+                     context: int = 2048) -> Any:
+    """A randomly initialised Qwen2-architecture causal LM sized for CPU tests (deterministic in ``seed``);
+    ``context``: its max_position_embeddings (what vLLM takes as the longest prompt plus answer)."""
     import torch  # torch and transformers load here, not on import: build and local import load_policy
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=2048,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=context,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
         tie_word_embeddings=True,
     )
