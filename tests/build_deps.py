@@ -111,7 +111,7 @@ def start(directory: Path, names: Sequence[str] = tuple(BUILDS), nice: int = NIC
             with open(log_path, "w") as log:
                 # The child inherits the locked file description: the lock lasts as long as it does.
                 proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "run", str(directory), name,
-                                         str(lock.fileno()), json.dumps(list(commands[name]))],
+                                         json.dumps(list(commands[name]))],
                                         cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         pass_fds=(lock.fileno(),), preexec_fn=lambda: os.nice(nice))
         finally:
@@ -121,9 +121,9 @@ def start(directory: Path, names: Sequence[str] = tuple(BUILDS), nice: int = NIC
     return pids
 
 
-def _run(directory: Path, name: str, lock_fd: int, command: Sequence[str]) -> int:
-    """The background process: runs the build, records its result, releases the lock by exiting."""
-    os.set_inheritable(lock_fd, False)  # a daemon the build leaves behind must not hold the lock
+def _run(directory: Path, name: str, command: Sequence[str]) -> int:
+    """The background process: runs the build, records its result, releases the lock by exiting. The build
+    does not inherit the lock (subprocess closes every other descriptor), so a daemon it leaves cannot hold it."""
     _, _, result_path = _paths(directory, name)
     t0 = time.monotonic()
     try:
@@ -206,8 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if len(argv) == 2 and argv[0] == "finish":
         return finish(Path(argv[1]))
-    if len(argv) == 5 and argv[0] == "run":
-        return _run(Path(argv[1]), argv[2], int(argv[3]), json.loads(argv[4]))
+    if len(argv) == 4 and argv[0] == "run":
+        return _run(Path(argv[1]), argv[2], json.loads(argv[3]))
     print(usage, file=sys.stderr)
     return 2
 
