@@ -14,7 +14,8 @@ from typing import Any, Optional
 import yaml
 from pydantic import Field
 
-from wmrl.api.schema import API_VERSION, KIND, WMRLRunSpec, _Model
+from wmrl.api.schema import API_VERSION, KIND, WMRLRunSpec
+from wmrl.api.wire import WireModel
 
 CONFIG_KEY = "run.yaml"
 SANDBOX_PORT = 8080
@@ -23,13 +24,13 @@ WORLD_MODEL_PORT = 8000
 TRAINER_METRICS_PORT = 9090
 
 
-class RunMetadata(_Model):
+class RunMetadata(WireModel):
     name: str
     namespace: str = "default"
     uid: Optional[str] = None
 
 
-class Runtime(_Model):
+class Runtime(WireModel):
     calibration_url: Optional[str] = Field(None, description="Calibration service base URL; empty keeps calibration in-process.")
     sandbox_service: Optional[str] = Field(None, description="Headless Service whose EndpointSlices list the ready sandbox pods.")
     sandbox_port: int = SANDBOX_PORT
@@ -49,7 +50,7 @@ class Runtime(_Model):
     metrics_port: Optional[int] = TRAINER_METRICS_PORT
 
 
-class RunConfig(_Model):
+class RunConfig(WireModel):
     api_version: str = API_VERSION
     kind: str = KIND
     metadata: RunMetadata

@@ -15,8 +15,13 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import BeforeValidator, Field, StringConstraints, model_validator
+
+from wmrl.api.status import (  # noqa: F401  (the status models, importable from here as before)
+    CalibrationStatus, Condition, FidelityProgress, HeldOutProgress, Phase, PolicyHealth, Progress, SandboxStatus,
+    TurnProgress, WMRLRunStatus,
+)
+from wmrl.api.wire import WireModel
 
 GROUP = "wmrl.dev"
 VERSION = "v1alpha1"
@@ -42,14 +47,6 @@ Quantity = Annotated[
 """A Kubernetes resource quantity such as ``500m``, ``2`` or ``16Gi`` (int-or-string on the wire)."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    def to_wire(self) -> dict[str, Any]:
-        """The camelCase JSON form used in Kubernetes objects and rendered configs."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
 class Mode(str, Enum):
     """How rollouts are graded. One field switches between the method and its baselines."""
 
@@ -59,14 +56,14 @@ class Mode(str, Enum):
     EVAL = "eval"  # no training: one Job evaluates a checkpoint (spec.evaluation.checkpoint) with `wmrl eval`
 
 
-class Resources(_Model):
+class Resources(WireModel):
     """Container resource requests and limits (``cpu``, ``memory``, ``nvidia.com/gpu``, ...)."""
 
     requests: dict[str, Quantity] = Field(default_factory=dict)
     limits: dict[str, Quantity] = Field(default_factory=dict)
 
 
-class RolloutSampling(_Model):
+class RolloutSampling(WireModel):
     temperature: float = Field(1.0, gt=0, le=5)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(2048, ge=1, le=131072)
@@ -80,7 +77,7 @@ FIXED_SCRIPTS_NEEDS_SCRIPTS = ("spec.policy.scripts: set it (a directory of *.py
                                "is builtin:fixed-scripts, the smoke-run policy that samples from those scripts")
 
 
-class PolicySpec(_Model):
+class PolicySpec(WireModel):
     """The policy being trained and how its rollouts are generated."""
 
     model: str = Field(..., min_length=1, description="Hugging Face model id, local path, 'builtin:tiny-coder' (CPU demo), "
@@ -110,7 +107,7 @@ class PolicySpec(_Model):
         return self
 
 
-class WorldModelSampling(_Model):
+class WorldModelSampling(WireModel):
     temperature: float = Field(0.7, gt=0, le=5)
     top_p: float = Field(0.8, gt=0, le=1)
     top_k: int = Field(20, ge=-1)
@@ -130,7 +127,7 @@ FEW_SHOT_REASON_CHARS = 300  # its reason cap (wmrl_trainer.prompts.REASON_CHARS
 FEW_SHOT_MAX_EXAMPLES = 16
 
 
-class FewShotExample(_Model):
+class FewShotExample(WireModel):
     """One real outcome shown to a prompted world model: a script that really ran, and what happened."""
 
     task: str = Field(..., min_length=1, description="The task the script ran on.")
@@ -157,7 +154,7 @@ class FewShotExample(_Model):
         return self
 
 
-class FewShotSpec(_Model):
+class FewShotSpec(WireModel):
     """Real outcomes shown in the world model's prompt (llm and transformers backends): a file or inline; neither
     (the default): no examples."""
 
@@ -179,7 +176,7 @@ class FewShotSpec(_Model):
         return self.path is not None or bool(self.examples)
 
 
-class WorldModelSpec(_Model):
+class WorldModelSpec(WireModel):
     """The model that predicts execution outcomes."""
 
     backend: Literal["llm", "transformers", "learned"] = Field(
@@ -221,7 +218,7 @@ class WorldModelSpec(_Model):
         return self
 
 
-class TasksSpec(_Model):
+class TasksSpec(WireModel):
     """Where the task suite comes from. Exactly one source."""
 
     builtin: Optional[str] = Field(None, min_length=1, description="A bundled suite, e.g. 'mini-ml'.")
@@ -262,7 +259,7 @@ LATE_REWARDS_NEED_WAIT = ("spec.algorithm.anchors.lateRewards.enabled needs spec
                           "it the trainer waits for every anchor and none is ever late)")
 
 
-class LateRewardsSpec(_Model):
+class LateRewardsSpec(WireModel):
     """What a late anchor group's real rewards do when they arrive (see waitSeconds)."""
 
     enabled: bool = Field(
@@ -278,7 +275,7 @@ class LateRewardsSpec(_Model):
     clip_max: float = Field(3.0, gt=0, description="Upper truncation of the importance ratio (TRL's default C_max).")
 
 
-class AnchorsSpec(_Model):
+class AnchorsSpec(WireModel):
     """Groups graded by BOTH the world model and real execution."""
 
     fraction: float = Field(0.25, ge=0, le=1, description="Fraction of groups per step (paper 4B/9B: 2 of 8).")
@@ -298,7 +295,7 @@ class AnchorsSpec(_Model):
         return self
 
 
-class DebiasingSpec(_Model):
+class DebiasingSpec(WireModel):
     """Online Debiasing: monotone isotonic recalibration of world-model rewards."""
 
     enabled: bool = True
@@ -308,7 +305,7 @@ class DebiasingSpec(_Model):
     buffer_size: int = Field(5000, ge=1, le=20000)
 
 
-class DenoisingSpec(_Model):
+class DenoisingSpec(WireModel):
     """Inverse-Variance Denoising: anchor advantages up-weighted by measured disagreement."""
 
     enabled: bool = True
@@ -324,7 +321,7 @@ class DenoisingSpec(_Model):
         return self
 
 
-class AlgorithmSpec(_Model):
+class AlgorithmSpec(WireModel):
     """GRPO and the two WMRL corrections. Defaults are the paper's."""
 
     group_size: int = Field(8, ge=2, le=1024)
@@ -352,7 +349,7 @@ class AlgorithmSpec(_Model):
         return self
 
 
-class Toleration(_Model):
+class Toleration(WireModel):
     key: Optional[str] = None
     operator: Optional[Literal["Exists", "Equal"]] = None
     value: Optional[str] = None
@@ -360,7 +357,7 @@ class Toleration(_Model):
     toleration_seconds: Optional[int] = None
 
 
-class CheckpointSpec(_Model):
+class CheckpointSpec(WireModel):
     claim_name: Optional[str] = Field(None, description="PersistentVolumeClaim for checkpoints; empty uses an emptyDir (lost with the pod).")
     path: str = Field("/checkpoints", pattern=r"^/")
     interval_steps: int = Field(50, ge=1)
@@ -370,7 +367,7 @@ TRAINER_SHARED_CHECKPOINTS = ("spec.trainer.checkpoint.claimName: a trainer on s
                               "that every node mounts (ReadWriteMany): each rank writes its part of a checkpoint")
 
 
-class TrainerSpec(_Model):
+class TrainerSpec(WireModel):
     """The trainer Job: one process per GPU (one per node without GPUs), on ``nodes`` nodes."""
 
     image: str = Field("ghcr.io/wmrl/trainer:0.1.0", min_length=1)
@@ -398,7 +395,7 @@ class TrainerSpec(_Model):
         return self
 
 
-class SandboxClientAccess(_Model):
+class SandboxClientAccess(WireModel):
     """A ClusterIP Service in front of the sandbox pool for clients other than the run's trainers
     (SandboxFusion's client, verl's reward workers), load-balanced across the pool's Pods."""
 
@@ -411,7 +408,7 @@ class SandboxClientAccess(_Model):
         None, description="matchLabels of the namespaces the clients run in; empty: the run's own namespace only.")
 
 
-class SandboxSpec(_Model):
+class SandboxSpec(WireModel):
     image: str = Field("ghcr.io/wmrl/sandbox:0.1.0", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     min_replicas: int = Field(1, ge=0, le=10000)
@@ -466,7 +463,7 @@ class SandboxSpec(_Model):
         return self
 
 
-class CalibrationSpec(_Model):
+class CalibrationSpec(WireModel):
     name: Optional[str] = Field(
         None,
         pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
@@ -480,7 +477,7 @@ class CalibrationSpec(_Model):
                                           description="Taints the calibration service's Pod tolerates.")
 
 
-class EvaluationSpec(_Model):
+class EvaluationSpec(WireModel):
     """Held-out evaluation during training: ``spec.tasks.heldOut`` graded by REAL execution."""
 
     interval_steps: int = Field(
@@ -499,7 +496,7 @@ class EvaluationSpec(_Model):
         "spec.policy.model as it is; step-NNNNNNNN: that checkpoint.")
 
 
-class TrajectoryLogSpec(_Model):
+class TrajectoryLogSpec(WireModel):
     """Trajectory logs: JSON lines on the checkpoint volume, <checkpoint path>/trajectories/rank-<r>.jsonl."""
 
     sample_rate: float = Field(
@@ -511,7 +508,7 @@ class TrajectoryLogSpec(_Model):
     keep_files: int = Field(4, ge=0, le=1000, description="Rotated files kept per rank besides the current one.")
 
 
-class CaseLogSpec(_Model):
+class CaseLogSpec(WireModel):
     """Fidelity cases (mode wmrl): each executed anchor rollout with its real outcome, <checkpoint path>/fidelity/cases.jsonl."""
 
     enabled: bool = Field(True, description="Write the cases and report the rolling fidelity.")
@@ -523,7 +520,7 @@ class CaseLogSpec(_Model):
     keep_files: int = Field(4, ge=0, le=1000, description="Rotated case files kept besides the current one.")
 
 
-class LoggingSpec(_Model):
+class LoggingSpec(WireModel):
     trajectories: TrajectoryLogSpec = Field(default_factory=TrajectoryLogSpec)
     cases: CaseLogSpec = Field(default_factory=CaseLogSpec)
 
@@ -532,11 +529,11 @@ EVAL_ONE_PROCESS = ("spec.trainer.gpusPerNode: mode eval runs one evaluation pro
                     "GPU: set trainer.gpusPerNode to 0 or 1 and trainer.nodes to 1")
 
 
-class FailurePolicySpec(_Model):
+class FailurePolicySpec(WireModel):
     max_restarts: int = Field(3, ge=0, le=1000, description="Trainer recreations (resuming from checkpoint) before the run fails.")
 
 
-class WMRLRunSpec(_Model):
+class WMRLRunSpec(WireModel):
     mode: Mode = Mode.WMRL
     suspend: bool = False
     policy: PolicySpec
@@ -571,134 +568,6 @@ class WMRLRunSpec(_Model):
             raise ValueError(f"spec.policy.vllmTensorParallelSize: {tp} does not divide spec.trainer.gpusPerNode "
                              f"({self.trainer.gpus_per_node})")
         return self
-
-
-class Phase(str, Enum):
-    PENDING = "Pending"
-    RUNNING = "Running"
-    SUSPENDED = "Suspended"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-
-class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: Optional[str] = None
-    observed_generation: Optional[int] = None
-
-
-class PolicyHealth(_Model):
-    """Generation health at the last step: a collapsing policy shows here before its reward does."""
-
-    distinct_per_group: Optional[float] = Field(
-        None, description="Distinct completions per group, averaged over the step's groups (1 = every rollout identical).")
-    truncated_share: Optional[float] = Field(
-        None, description="Share of completions cut off at spec.policy.sampling.maxNewTokens (no stop token).")
-    mean_completion_tokens: Optional[float] = None
-    entropy: Optional[float] = Field(None, description="Mean per-token policy entropy of the sampled completions (nats).")
-    warning: Optional[str] = Field(None, description="Set while generation is degenerating, in plain words.")
-
-
-class TurnProgress(_Model):
-    """Multi-turn figures of the last step (spec.algorithm.maxTurns > 1)."""
-
-    mean_turns: Optional[float] = None
-    mean_best_turn: Optional[float] = Field(None, description="Mean 1-based turn of each trajectory's best script.")
-    repair_rate: Optional[float] = Field(
-        None, description="Of the trajectories whose first script did not produce a valid submission (by the grade "
-        "they were shown) and that had a second turn, the share whose second script did.")
-    stopped_at_top: int = Field(0, description="Trajectories that ended at the top outcome.")
-    stopped_at_budget: int = Field(0, description="Trajectories that ended at spec.algorithm.maxTrajectoryTokens.")
-    truncated: int = Field(0, description="Trajectories ended by a turn cut off at spec.policy.sampling.maxNewTokens.")
-    ungraded: int = Field(0, description="Trajectories ended by a turn that could not be graded.")
-    valid_by_turn: list[Optional[float]] = Field(
-        default_factory=list, description="Per turn (first first): the share of the trajectories that reached it whose "
-        "script produced a valid submission, by the grade they were shown.")
-
-
-class HeldOutProgress(_Model):
-    """Held-out evaluation (spec.evaluation) as of the last one: what heldOutReward is, and what evaluating cost."""
-
-    step: Optional[int] = Field(None, description="Step of the last complete evaluation (the one heldOutReward is).")
-    samples: Optional[int] = Field(None, description="Trajectories the last complete evaluation graded.")
-    partial: Optional[str] = Field(
-        None, description="Set when the latest evaluation did not complete (step and reason); heldOutReward then "
-        "stays at the last complete one.")
-    evaluations: int = Field(0, description="Evaluations run (complete or partial).")
-    executions: int = Field(0, description="Real executions of every evaluation so far (not in executions).")
-    seconds: float = Field(0.0, description="Wall seconds of every evaluation so far (not in any step's time).")
-    report: Optional[str] = Field(None, description="The last evaluation's per-task report on the checkpoint volume.")
-
-
-class FidelityProgress(_Model):
-    """Rolling world-model fidelity: its predictions against the real outcomes of the latest anchor rollouts."""
-
-    cases: int = Field(0, description="Anchor cases in the window.")
-    graded: int = Field(0, description="Of those, the ones the world model graded (the rest were ungraded).")
-    status_at_1: Optional[float] = Field(
-        None, description="Share of the graded cases whose predicted status is the real one.")
-    reward_mae: Optional[float] = Field(None, description="Mean |predicted reward - real reward| over the graded cases.")
-    reward_bias: Optional[float] = Field(None, description="Mean (predicted reward - real reward) over the graded cases.")
-    recorded: int = Field(0, description="Cases written so far (the case file's lines, across restarts).")
-    file: Optional[str] = Field(None, description="The case file (`wmrl eval world-model --cases`).")
-
-
-class Progress(_Model):
-    """Patched by the trainer each step; the operator never writes it."""
-
-    step: int = 0
-    total_steps: Optional[int] = None
-    mean_real_reward: Optional[float] = None
-    mean_world_model_reward: Optional[float] = None
-    mean_calibrated_reward: Optional[float] = None
-    held_out_reward: Optional[float] = Field(
-        None, description="Mean REAL reward of sampled trajectories on spec.tasks.heldOut at the last complete "
-        "evaluation (spec.evaluation).")
-    held_out: Optional[HeldOutProgress] = None
-    anchor_fraction: Optional[float] = None
-    bias_reduction: Optional[float] = None
-    anchor_weight: Optional[float] = None
-    executions: int = 0
-    sandbox_seconds: float = 0.0
-    ungraded: int = 0
-    sandbox_demand: int = Field(0, description="Executions queued + in flight at the trainer: the autoscaler's input.")
-    calibration_stale_seconds: Optional[float] = None
-    fidelity: Optional[FidelityProgress] = None
-    health: Optional[PolicyHealth] = None
-    turns: Optional[TurnProgress] = None
-    updated_at: Optional[str] = None
-
-
-class CalibrationStatus(_Model):
-    name: str
-    pairs: int = 0
-    reduction: Optional[float] = None
-    weight: Optional[float] = None
-
-
-class SandboxStatus(_Model):
-    replicas: int = 0
-    ready_replicas: int = 0
-    desired_replicas: int = 0
-    last_scale_time: Optional[str] = None
-
-
-class WMRLRunStatus(_Model):
-    phase: Phase = Phase.PENDING
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: Optional[int] = None
-    restarts: int = 0
-    last_failed_trainer: Optional[str] = Field(
-        None, description="UID of the last failed trainer Job already counted in restarts (keeps restarts exactly-once)."
-    )
-    start_time: Optional[str] = None
-    completion_time: Optional[str] = None
-    progress: Optional[Progress] = None
-    calibration: Optional[CalibrationStatus] = None
-    sandbox: Optional[SandboxStatus] = None
 
 
 def parse_spec(spec: dict[str, Any]) -> WMRLRunSpec:
